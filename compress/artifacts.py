@@ -1,0 +1,147 @@
+"""Stage outputs on disk: fingerprints, atomic writes, completion markers, the run lock.
+
+A stage writes into a temporary folder; the runner then writes `_complete.json` (the
+fingerprint and a sha256 of every file) into it and renames it into place. A folder
+without a valid marker, or whose files no longer match their checksums, is never
+trusted: the stage runs again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compress.errors import ArtifactError, CompressError
+
+MARKER = "_complete.json"
+RESULT = "result.json"
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _checksums(folder: Path) -> dict[str, list]:
+    out = {}
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER):
+        out[str(f.relative_to(folder))] = [f.stat().st_size, file_sha256(f)]
+    return out
+
+
+@dataclass
+class Artifact:
+    """A finished stage output (or the recipe's model, id `model`)."""
+
+    id: str
+    path: Path
+    format: str
+    fingerprint: str
+    result: dict = field(default_factory=dict)
+
+
+class ArtifactStore:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def folder(self, stage_id: str) -> Path:
+        return self.root / stage_id
+
+    def check(self, stage_id: str, fingerprint: str | None = None) -> tuple[dict | None, str]:
+        """(marker, '') when the folder is complete and intact (and of this fingerprint),
+        else (None, why)."""
+        folder = self.folder(stage_id)
+        marker_path = folder / MARKER
+        if not marker_path.is_file():
+            return None, "no output yet" if not folder.exists() else "incomplete output"
+        try:
+            marker = json.loads(marker_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            return None, "unreadable completion marker"
+        if fingerprint is not None and marker.get("fingerprint") != fingerprint:
+            return None, "inputs or settings changed"
+        if _checksums(folder) != marker.get("files"):
+            return None, "files changed since it was written (corrupt or edited)"
+        return marker, ""
+
+    def load(self, stage_id: str, fingerprint: str | None = None) -> Artifact | None:
+        marker, _ = self.check(stage_id, fingerprint)
+        if marker is None:
+            return None
+        folder = self.folder(stage_id)
+        result = json.loads((folder / RESULT).read_text()) if (folder / RESULT).is_file() else {}
+        return Artifact(stage_id, folder, marker["format"], marker["fingerprint"], result)
+
+    def begin(self, stage_id: str) -> Path:
+        tmp = self.root / ".tmp" / f"{stage_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        return tmp
+
+    def commit(self, stage_id: str, tmp: Path, fingerprint: str, fmt: str, meta: dict | None = None) -> Artifact:
+        marker = {"fingerprint": fingerprint, "format": fmt, "files": _checksums(tmp), **(meta or {})}
+        marker_tmp = tmp / (MARKER + ".part")
+        marker_tmp.write_text(json.dumps(marker, indent=1))
+        with open(marker_tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        marker_tmp.rename(tmp / MARKER)
+        final = self.folder(stage_id)
+        trash = None
+        if final.exists():
+            trash = self.root / ".tmp" / f"old-{stage_id}-{uuid.uuid4().hex[:8]}"
+            final.rename(trash)
+        tmp.rename(final)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+        return self.load(stage_id, fingerprint) or _raise(stage_id)
+
+    def discard(self, tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def sweep(self) -> None:
+        """Remove temporary folders that an interrupted run left behind."""
+        shutil.rmtree(self.root / ".tmp", ignore_errors=True)
+
+
+def _raise(stage_id: str):
+    raise ArtifactError(f"{stage_id}: output vanished right after it was written; check the disk")
+
+
+class RunLock:
+    """One run per run folder at a time: a second one is refused, never interleaved."""
+
+    def __init__(self, root: Path):
+        self.path = root / ".lock"
+        self._fh = None
+
+    def __enter__(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "w")
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._fh.close()
+            raise CompressError(
+                f"{self.path.parent}: another run of this recipe is in progress; wait for it to finish"
+            )
+        self._fh.write(str(os.getpid()))
+        self._fh.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fh:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+            self._fh.close()

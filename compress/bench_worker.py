@@ -1,0 +1,152 @@
+"""Measures one variant on one device, in a fresh process (`python -m compress.bench_worker
+SPEC.json OUT.json`), so every variant starts from the same state: nothing cached from
+another model, the thread count fixed before the framework starts, and the artifact
+reloaded from disk exactly as a deployment would.
+
+What is timed is the model call on a pre-tokenised, padded batch (tokenisation is the
+same for every variant and left out), with device synchronisation where it applies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _pad(enc: dict, idx: list[int], pad_id: int) -> dict[str, np.ndarray]:
+    """Pads the examples `idx` to the longest of them: arrays [B, T] int64."""
+    width = max(len(enc["input_ids"][i]) for i in idx)
+    out = {}
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        if key not in enc:
+            continue
+        fill = pad_id if key == "input_ids" else 0
+        arr = np.full((len(idx), width), fill, dtype=np.int64)
+        for row, i in enumerate(idx):
+            seq = enc[key][i]
+            arr[row, : len(seq)] = seq
+        out[key] = arr
+    return out
+
+
+def _percentiles(ms: list[float]) -> dict:
+    a = np.asarray(ms)
+    return {
+        "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
+        "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": int(a.size),
+    }
+
+
+def measure(spec: dict) -> dict:
+    from sklearn.metrics import accuracy_score, f1_score
+
+    from compress.formats import load_predictor
+    from compress.train import length_sorted_batches
+
+    threads = int(spec["threads"])
+    if spec["format"] != "onnx":
+        import torch
+
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    pred = load_predictor(spec["format"], Path(spec["path"]), spec["device"], threads, spec.get("options", {}))
+    load_s = time.perf_counter() - t0
+
+    rows = [json.loads(line) for line in Path(spec["eval_file"]).read_text().splitlines() if line]
+    texts = [r["text"] for r in rows]
+    pairs = [r["pair"] for r in rows] if rows and "pair" in rows[0] else None
+    labels = np.array([r["label"] for r in rows])
+    tok = pred.tokenizer
+    enc = tok(texts, pairs, truncation=True, max_length=int(spec["max_length"]))
+    enc = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    if pred.input_names is not None:  # an ONNX graph may not take every tokenizer output
+        enc = {k: v for k, v in enc.items() if k in pred.input_names}
+    lengths = np.array([len(x) for x in enc["input_ids"]])
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    warmup = int(spec["warmup"])
+
+    def timed_pass(batches: list[list[int]]) -> tuple[list[float], np.ndarray | None]:
+        padded = [_pad(enc, b, pad_id) for b in batches]
+        for b in padded[: max(warmup, 1)]:  # warm-up: allocators, kernels, caches
+            pred(b)
+        pred.sync()
+        times, outs = [], []
+        for b in padded:
+            start = time.perf_counter()
+            logits = pred(b)
+            pred.sync()
+            times.append((time.perf_counter() - start) * 1000.0)
+            outs.append(logits)
+        return times, outs
+
+    # Batch 1: latency percentiles over real eval sentences (an evenly spaced selection).
+    n_lat = min(len(rows), int(spec.get("max_latency_examples") or len(rows)))
+    lat_idx = np.linspace(0, len(rows) - 1, n_lat).round().astype(int).tolist()
+    lat_ms, _ = timed_pass([[i] for i in lat_idx])
+    latency = _percentiles(lat_ms)
+
+    batches_out = []
+    predictions = None
+    for bs in sorted(set(int(b) for b in spec["batch_sizes"])):
+        if bs == 1:
+            times, n = lat_ms, n_lat
+            waste = 0.0
+        else:
+            batches = length_sorted_batches(lengths, bs)
+            times, outs = timed_pass(batches)
+            n = len(rows)
+            real = sum(int(lengths[b].sum()) for b in batches)
+            waste = 1.0 - real / sum(int(lengths[b].max()) * len(b) for b in batches)
+            logits = np.zeros((len(rows), outs[0].shape[-1]), dtype=np.float32)
+            for b, o in zip(batches, outs):
+                logits[b] = o
+            predictions = logits.argmax(-1)  # the largest batch size's pass wins
+        p = _percentiles(times)
+        batches_out.append({
+            "batch_size": bs, "throughput": n / (sum(times) / 1000.0),
+            "p50_ms": p["p50"], "p95_ms": p["p95"], "p99_ms": p["p99"], "padding_waste": waste,
+        })
+    if predictions is None:  # only batch 1 configured: score every example one by one
+        _, outs = timed_pass([[i] for i in range(len(rows))])
+        predictions = np.concatenate(outs).argmax(-1)
+
+    return {
+        "ok": True,
+        "device": spec["device"],
+        "threads": threads,
+        "load_seconds": load_s,
+        "size_bytes": pred.size_bytes(),
+        "params": pred.num_params(),
+        "memory_bytes": pred.memory_bytes(),
+        "accuracy": float(accuracy_score(labels, predictions) * 100),
+        "macro_f1": float(f1_score(labels, predictions, average="macro") * 100),
+        "predictions": predictions.astype(int).tolist(),
+        "latency_ms": latency,
+        "batches": batches_out,
+        "notes": pred.notes,
+        "effective_device": getattr(pred, "effective_device", spec["device"]),
+    }
+
+
+def main() -> None:
+    spec_path, out_path = sys.argv[1], sys.argv[2]
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        result = measure(spec)
+    except Exception as exc:  # reported as a failed variant, not a failed run
+        if os.environ.get("COMPRESS_DEBUG"):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        result = {"ok": False, "error": f"{exc.__class__.__name__}: {first}"[:300]}
+    tmp = Path(out_path + ".part")
+    tmp.write_text(json.dumps(result))
+    tmp.rename(out_path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Benchmarks every variant on every available device, each in a fresh process
+(compress/bench_worker.py), and caches the measurements: a variant whose artifact,
+benchmark settings, eval data and machine are unchanged is not measured again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from compress.artifacts import digest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from compress.artifacts import Artifact
+    from compress.data import Data
+    from compress.recipe import BenchmarkSpec
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def write_eval_file(data: "Data", folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"eval-{data.eval_fingerprint[:16]}.jsonl"
+    if not path.exists():
+        lines = []
+        for i, text in enumerate(data.eval.texts):
+            row = {"text": text, "label": int(data.eval.labels[i])}
+            if data.eval.pairs is not None:
+                row["pair"] = data.eval.pairs[i]
+            lines.append(json.dumps(row, ensure_ascii=False))
+        tmp = path.with_suffix(".part")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp.rename(path)
+    return path
+
+
+def run_benchmarks(
+    variants: list["Artifact"],
+    spec: "BenchmarkSpec",
+    data: "Data",
+    folder: Path,
+    machine: dict,
+    log: Callable[[str], None],
+    force: bool = False,
+) -> tuple[dict[tuple[str, str], dict], list[str]]:
+    """{(variant id, device): measurement}, and notes (such as a skipped device)."""
+    notes = []
+    devices = []
+    for d in dict.fromkeys(spec.devices):
+        if d == "cuda" and not cuda_available():
+            notes.append("cuda: no GPU present; GPU benchmark skipped")
+            continue
+        devices.append(d)
+    eval_file = write_eval_file(data, folder)
+    results: dict[tuple[str, str], dict] = {}
+    batch_sizes = sorted(set([1, *spec.batch_sizes]))
+    for device in devices:
+        for art in variants:
+            job = {
+                "format": art.format, "path": str(art.path), "device": device,
+                "threads": spec.threads, "batch_sizes": batch_sizes, "max_length": spec.max_length,
+                "warmup": spec.warmup, "max_latency_examples": spec.max_latency_examples,
+                "eval_file": str(eval_file), "options": {"cuda_dtype": spec.cuda_dtype},
+            }
+            key = digest({
+                "artifact": art.fingerprint, "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
+                "eval": data.eval_fingerprint, "machine": machine,
+            })
+            out = folder / f"{art.id}.{device}.json"
+            if not force and out.is_file():
+                cached = json.loads(out.read_text())
+                if cached.get("key") == key:
+                    log(f"  {art.id} on {device}: measured before (cached)")
+                    results[(art.id, device)] = cached
+                    continue
+            log(f"  {art.id} on {device}: measuring ...")
+            results[(art.id, device)] = _measure(job, key, folder, art.id, device, spec.threads)
+            r = results[(art.id, device)]
+            if r.get("ok"):
+                log(f"    accuracy {r['accuracy']:.2f}  p50 {r['latency_ms']['p50']:.2f} ms  "
+                    f"size {r['size_bytes'] / 1e6:.1f} MB")
+            else:
+                log(f"    failed: {r.get('error')}")
+    return results, notes
+
+
+def _measure(job: dict, key: str, folder: Path, vid: str, device: str, threads: int) -> dict:
+    spec_path = folder / f"{vid}.{device}.spec.json"
+    out_path = folder / f"{vid}.{device}.json"
+    spec_path.write_text(json.dumps(job))
+    env = dict(os.environ)
+    # Fix the thread pools of every runtime before it starts (torch, OpenMP, MKL, ORT).
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"})
+    if out_path.exists():
+        out_path.unlink()
+    proc = subprocess.run(
+        [sys.executable, "-m", "compress.bench_worker", str(spec_path), str(out_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    if out_path.is_file():
+        result = json.loads(out_path.read_text())
+    else:
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        result = {"ok": False, "error": f"benchmark process died: {tail[0][:200]}"}
+    result["key"] = key
+    if result.get("ok"):  # failures are not cached: the next run tries again
+        out_path.write_text(json.dumps(result))
+    elif out_path.exists():
+        out_path.unlink()
+    spec_path.unlink(missing_ok=True)
+    return result

@@ -1,0 +1,50 @@
+"""What a stage sees: its settings, its input artifact, the data, and a folder to write.
+
+Stages talk to each other only through this and their artifact folders; nothing here
+knows any particular stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from compress.artifacts import Artifact
+    from compress.data import Data
+    from compress.recipe import BudgetSpec, Recipe
+    from compress.registry import StageConfig
+
+
+@dataclass
+class StageContext:
+    stage_id: str
+    config: "StageConfig"
+    input: "Artifact"  # the `from` stage's output, or the recipe's model
+    out: Path  # empty folder; becomes artifacts/<recipe>/<stage id>/ when the stage returns
+    recipe: "Recipe"
+    refs: dict[str, "Artifact"] = field(default_factory=dict)  # config key -> artifact
+    _data: Callable[[], "Data"] | None = None
+    log: Callable[[str], None] = print
+    device: str = "cpu"  # where training and calibration run
+    threads: int = 2
+    seed: int = 0
+
+    @property
+    def data(self) -> "Data":
+        assert self._data is not None
+        return self._data()
+
+    @property
+    def budget(self) -> "BudgetSpec":
+        return self.recipe.budget
+
+    @property
+    def num_labels(self) -> int:
+        return self.data.num_labels
+
+    def progress(self, total: int, description: str) -> Any:
+        from compress.console import progress
+
+        return progress(total, description)

@@ -1,0 +1,238 @@
+"""Datasets: a hub id (through `datasets`) or local files, checked before any training.
+
+Where the data comes from, in order:
+1. `data.dataset` is a local file or folder: it is read directly.
+2. `data.mirror`, or a folder named like the dataset (`sst2` for `stanfordnlp/sst2`)
+   under one of the COMPRESS_DATA_DIR folders, exists: it is read (no network needed).
+3. Otherwise the hub, unless HF_HUB_OFFLINE is set.
+
+Local files are read with pandas rather than `datasets`' csv builder: pandas names the
+failing row of a malformed file, and nothing is cached outside the run folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from compress.errors import DataError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from compress.recipe import DataSpec
+
+SUFFIXES = (".tsv", ".csv", ".jsonl", ".json", ".parquet")
+# GLUE ships its validation split as `dev`.
+SPLIT_ALIASES = {"validation": ("validation", "dev", "val", "valid"), "dev": ("dev", "validation")}
+
+
+@dataclass
+class Split:
+    """One split as plain lists: texts [N], optional pairs [N], labels int64 [N]."""
+
+    texts: list[str]
+    pairs: list[str] | None
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def select(self, idx) -> "Split":
+        idx = list(idx)
+        return Split(
+            [self.texts[i] for i in idx],
+            [self.pairs[i] for i in idx] if self.pairs is not None else None,
+            self.labels[idx],
+        )
+
+
+def _read_file(path: Path):
+    import pandas as pd
+
+    try:
+        if path.suffix == ".tsv":
+            # GLUE TSVs are not quoted: a quote character is part of the text.
+            return pd.read_csv(path, sep="\t", quoting=3, keep_default_na=False, dtype=str, encoding="utf-8")
+        if path.suffix == ".csv":
+            return pd.read_csv(path, keep_default_na=False, dtype=str, encoding="utf-8")
+        if path.suffix == ".jsonl":
+            return pd.read_json(path, lines=True, encoding="utf-8")
+        if path.suffix == ".json":
+            try:
+                return pd.read_json(path, encoding="utf-8")
+            except ValueError:
+                return pd.read_json(path, lines=True, encoding="utf-8")
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); re-encode the file as UTF-8")
+    except Exception as exc:  # pandas' parser errors name the line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise DataError(f"{path}: cannot parse: {first}")
+    raise DataError(f"{path}: unsupported file type; use one of {', '.join(SUFFIXES)}")
+
+
+def _split_file(folder: Path, split: str) -> Path:
+    for name in SPLIT_ALIASES.get(split, (split,)):
+        for suffix in SUFFIXES:
+            candidate = folder / f"{name}{suffix}"
+            if candidate.is_file():
+                return candidate
+    have = sorted(p.name for p in folder.iterdir() if p.suffix in SUFFIXES)
+    raise DataError(
+        f"{folder}: no file for split '{split}' (looked for {split}.tsv/.csv/.jsonl/.parquet; found: "
+        f"{', '.join(have) or 'none'})"
+    )
+
+
+def _local_root(spec: "DataSpec", base_dir: Path) -> Path | None:
+    """A local file or folder for the dataset, or None to use the hub."""
+    direct = Path(spec.dataset).expanduser()
+    if not direct.is_absolute():
+        direct = base_dir / direct
+    if direct.exists():
+        return direct
+    if spec.mirror:
+        mirror = Path(spec.mirror).expanduser()
+        mirror = mirror if mirror.is_absolute() else base_dir / mirror
+        if mirror.is_dir():
+            return mirror
+    leaf = spec.dataset.rstrip("/").split("/")[-1]
+    for root in filter(None, os.environ.get("COMPRESS_DATA_DIR", "").split(os.pathsep)):
+        candidate = Path(root).expanduser() / leaf
+        if candidate.is_dir():
+            return candidate
+    if spec.dataset.startswith((".", "/", "~")):
+        raise DataError(f"data.dataset: no such file or folder '{direct}'")
+    return None
+
+
+def _frame_to_split(frame, spec: "DataSpec", where: str) -> Split:
+    cols = [spec.text, spec.label] + ([spec.text_pair] if spec.text_pair else [])
+    missing = [c for c in cols if c not in frame.columns]
+    if missing:
+        raise DataError(
+            f"{where}: missing column {', '.join(repr(c) for c in missing)} (columns: "
+            f"{', '.join(map(str, frame.columns))}); set data.text / data.label to the right names"
+        )
+    if len(frame) == 0:
+        raise DataError(f"{where}: the split is empty")
+
+    def texts(col: str) -> list[str]:
+        values = frame[col].tolist()
+        for i, v in enumerate(values):
+            if not isinstance(v, str):
+                raise DataError(f"{where}: row {i + 1}: column '{col}' is not text ({v!r})")
+        return values
+
+    raw_labels = frame[spec.label].tolist()
+    labels = np.empty(len(raw_labels), dtype=np.int64)
+    for i, v in enumerate(raw_labels):
+        if isinstance(v, bool) or not (isinstance(v, (int, np.integer)) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())):
+            raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer")
+        labels[i] = int(v)
+    return Split(texts(spec.text), texts(spec.text_pair) if spec.text_pair else None, labels)
+
+
+def _load_split(spec: "DataSpec", root: Path | None, split: str) -> tuple[Split, str]:
+    if root is not None:
+        path = root if root.is_file() else _split_file(root, split)
+        if root.is_file() and split != spec.train_split and split != spec.eval_split:
+            raise DataError(f"{root}: a single file has no split '{split}'")
+        frame = _read_file(path)
+        return _frame_to_split(frame, spec, str(path)), str(path)
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}:
+        raise DataError(
+            f"data.dataset: '{spec.dataset}' needs the hub but HF_HUB_OFFLINE is set; set "
+            f"data.mirror or COMPRESS_DATA_DIR to a local copy, or data.dataset to a local folder"
+        )
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(spec.dataset, split=split)
+    except Exception as exc:
+        raise DataError(
+            f"data.dataset: cannot load '{spec.dataset}' split '{split}' from the hub "
+            f"({exc.__class__.__name__}); offline, set data.mirror or COMPRESS_DATA_DIR to a local copy"
+        )
+    return _frame_to_split(ds.to_pandas(), spec, f"{spec.dataset}[{split}]"), f"hub:{spec.dataset}"
+
+
+class Data:
+    """The recipe's data: the training subset, the eval split, and a calibration slice
+    of training examples that were not trained on (never the eval split)."""
+
+    def __init__(self, spec: "DataSpec", base_dir: Path):
+        self.spec = spec
+        root = _local_root(spec, base_dir)
+        self.train_full, train_src = _load_split(spec, root, spec.train_split)
+        self.eval, eval_src = _load_split(spec, root, spec.eval_split)
+        self.sources = {"train": train_src, "eval": eval_src}
+        if spec.max_eval_examples:
+            self.eval = self.eval.select(range(min(spec.max_eval_examples, len(self.eval))))
+
+        all_labels = np.concatenate([self.train_full.labels, self.eval.labels])
+        self.num_labels = spec.num_labels or int(all_labels.max()) + 1
+        for name, split in (("train", self.train_full), ("eval", self.eval)):
+            bad = np.flatnonzero((split.labels < 0) | (split.labels >= self.num_labels))
+            if bad.size:
+                raise DataError(
+                    f"{self.sources[name]}: row {bad[0] + 1}: label {split.labels[bad[0]]} is out of "
+                    f"range 0..{self.num_labels - 1}"
+                )
+        if self.num_labels < 2:
+            raise DataError(f"{self.sources['train']}: only one class in the labels; a classifier needs two or more")
+
+        # A fixed permutation of the training split: its head is the training subset,
+        # its tail the calibration pool, so the two never overlap when data allows.
+        order = np.random.default_rng(spec.seed).permutation(len(self.train_full))
+        n = min(spec.max_train_examples or len(order), len(order))
+        self._order = order
+        self.train = self.train_full.select(order[:n])
+        self._fingerprints()
+
+    def calibration(self, n: int) -> Split:
+        """n training examples outside the training subset (or from it, if none are left)."""
+        pool = self._order[len(self.train):]
+        if len(pool) < n:
+            pool = np.concatenate([pool, self._order[: n - len(pool)]])
+        return self.train_full.select(pool[:n])
+
+    @staticmethod
+    def _hash_split(h, split: Split) -> None:
+        for i, t in enumerate(split.texts):
+            h.update(t.encode("utf-8", "surrogatepass"))
+            if split.pairs is not None:
+                h.update(b"\x1f" + split.pairs[i].encode("utf-8", "surrogatepass"))
+            h.update(b"\x1e")
+        h.update(split.labels.tobytes())
+
+    def _fingerprints(self) -> None:
+        # Over the content actually used, so a hub copy and a local mirror agree. Stages
+        # depend on the training side only; the benchmark on the eval side.
+        h = hashlib.sha256()
+        self._hash_split(h, self.train_full)
+        h.update(f"{self.spec.seed}/{len(self.train)}/{self.num_labels}".encode())
+        self.train_fingerprint = h.hexdigest()
+        h = hashlib.sha256()
+        self._hash_split(h, self.eval)
+        h.update(f"{self.num_labels}".encode())
+        self.eval_fingerprint = h.hexdigest()
+        self.fingerprint = hashlib.sha256((self.train_fingerprint + self.eval_fingerprint).encode()).hexdigest()
+
+    def describe(self) -> dict:
+        return {
+            "sources": self.sources,
+            "train_examples": len(self.train),
+            "train_split_examples": len(self.train_full),
+            "eval_examples": len(self.eval),
+            "num_labels": self.num_labels,
+            "seed": self.spec.seed,
+            "fingerprint": self.fingerprint,
+            "train_fingerprint": self.train_fingerprint,
+            "eval_fingerprint": self.eval_fingerprint,
+        }

@@ -1,0 +1,177 @@
+"""From measurements to a decision: accuracy deltas with paired bootstrap intervals, the
+cost of each variant at its best operating point, the budget checks, and the pick.
+
+Pure functions over plain dicts, so `compress report` and `compress gate` can rerun them
+from a saved report.json.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from compress.errors import EXIT_BUDGET, EXIT_OK
+
+OBJECTIVE_KEY = {"min_cost": "usd_per_1k", "min_latency": "p95_ms", "min_size": "size_mb"}
+
+
+def paired_bootstrap(correct_a: np.ndarray, correct_b: np.ndarray, samples: int, seed: int = 0) -> tuple[float, float]:
+    """95% interval of accuracy(b) - accuracy(a) in points, resampling examples together
+    (the two models are scored on the same sentences, so their errors are paired)."""
+    n = len(correct_a)
+    rng = np.random.default_rng(seed)
+    diff = correct_b.astype(np.float32) - correct_a.astype(np.float32)  # [N]
+    deltas = np.empty(samples, dtype=np.float64)
+    for start in range(0, samples, 200):  # chunks keep the index matrix small
+        idx = rng.integers(0, n, size=(min(200, samples - start), n))
+        deltas[start : start + idx.shape[0]] = diff[idx].mean(axis=1) * 100
+    lo, hi = np.percentile(deltas, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def operating_point(batches: list[dict], slo_ms: float | None) -> dict | None:
+    """The batch size with the best throughput whose p95 batch latency meets the SLO."""
+    ok = [b for b in batches if slo_ms is None or b["p95_ms"] <= slo_ms]
+    return max(ok, key=lambda b: b["throughput"]) if ok else None
+
+
+def usd_per_1k(usd_per_hour: float, throughput: float) -> float:
+    return usd_per_hour / 3600.0 / throughput * 1000.0
+
+
+def build_rows(
+    variants: list[dict], results: dict[tuple[str, str], dict], labels: np.ndarray, recipe: dict
+) -> list[dict]:
+    """One row per variant and device. `variants`: [{id, stage, format, source}]."""
+    budget, bench = recipe["budget"], recipe["benchmark"]
+    base_id = budget["baseline"]
+    rows = []
+    for device in dict.fromkeys(d for (_, d) in results):
+        base = results.get((base_id, device), {})
+        base_correct = (np.array(base["predictions"]) == labels) if base.get("ok") else None
+        for v in variants:
+            r = results.get((v["id"], device))
+            if r is None:
+                continue
+            row: dict[str, Any] = {**v, "device": device, "ok": bool(r.get("ok")), "notes": list(r.get("notes", []))}
+            if not r.get("ok"):
+                row["error"] = r.get("error", "unknown error")
+                rows.append(row)
+                continue
+            price = bench["prices"].get(device)
+            point = operating_point(r["batches"], budget.get("latency_p95_ms"))
+            row.update({
+                "accuracy": r["accuracy"],
+                "macro_f1": r["macro_f1"],
+                "size_mb": r["size_bytes"] / 1e6,
+                "params": r["params"],
+                "memory_mb": (r["memory_bytes"] / 1e6) if r.get("memory_bytes") else None,
+                "latency_ms": {k: r["latency_ms"][k] for k in ("p50", "p95", "p99")},
+                "p95_ms": r["latency_ms"]["p95"],
+                "throughput": {str(b["batch_size"]): b["throughput"] for b in r["batches"]},
+                "batches": r["batches"],
+                "operating_point": point,
+                "price": price,
+                "usd_per_1k": usd_per_1k(price["usd_per_hour"], point["throughput"]) if price and point else None,
+                "effective_device": r.get("effective_device", device),
+                "load_seconds": r.get("load_seconds"),
+            })
+            if base_correct is not None:
+                correct = np.array(r["predictions"]) == labels
+                row["delta"] = row["accuracy"] - base["accuracy"]
+                row["delta_ci95"] = list(paired_bootstrap(base_correct, correct, bench["bootstrap_samples"]))
+            rows.append(row)
+
+    # Speed-ups against the baseline and against the variant's own input ("real gain").
+    by_key = {(r["id"], r["device"]): r for r in rows if r["ok"]}
+    for r in rows:
+        if not r["ok"]:
+            continue
+        for name, ref_id in (("speedup_vs_baseline", base_id), ("speedup_vs_input", r.get("source"))):
+            ref = by_key.get((ref_id, r["device"]))
+            r[name] = ref["latency_ms"]["p50"] / r["latency_ms"]["p50"] if ref and ref is not r else None
+        s = r.get("speedup_vs_input")
+        if s is not None and s < 1.0:
+            r["notes"].append(f"not faster than its input '{r['source']}' at batch 1 ({s:.2f}x)")
+        if r.get("effective_device") not in (None, r["device"]):
+            r["notes"].append(f"runs on {r['effective_device']} although benchmarked on {r['device']} (fallback)")
+    return rows
+
+
+def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict:
+    """Marks every row of the deciding device with a verdict and reasons; returns the decision."""
+    budget = recipe["budget"]
+    base_id = budget["baseline"]
+    device = budget["device"]
+    notes = []
+    if device not in available_devices:
+        notes.append(f"budget.device {device} was not benchmarked here; deciding on cpu")
+        device = "cpu"
+    key = OBJECTIVE_KEY[budget["objective"]]
+    candidates, passing = [], []
+    for r in rows:
+        if r["device"] != device:
+            r["verdict"], r["reasons"] = "reported", []
+            continue
+        if r["id"] == base_id:
+            r["verdict"], r["reasons"] = ("baseline", []) if r["ok"] else ("failed", [r.get("error", "")])
+            continue
+        reasons = []
+        if not r["ok"]:
+            reasons.append(f"benchmark failed: {r.get('error')}")
+        else:
+            gate = r["delta_ci95"][0] if budget["gate_on"] == "ci_lower" else r["delta"]
+            what = "lower 95% bound of the accuracy delta" if budget["gate_on"] == "ci_lower" else "accuracy drop"
+            if -gate > budget["max_accuracy_drop"]:
+                reasons.append(f"{what} {-gate:.2f} points exceeds the budget of {budget['max_accuracy_drop']:.2f}")
+            slo = budget.get("latency_p95_ms")
+            if slo is not None and r["p95_ms"] > slo:
+                reasons.append(f"p95 latency {r['p95_ms']:.2f} ms exceeds the SLO of {slo:.2f} ms")
+            if slo is not None and r["operating_point"] is None:
+                reasons.append("no batch size meets the latency SLO")
+            if budget.get("max_size_mb") is not None and r["size_mb"] > budget["max_size_mb"]:
+                reasons.append(f"size {r['size_mb']:.1f} MB exceeds the limit of {budget['max_size_mb']:.1f} MB")
+            if r.get(key) is None:
+                reasons.append(f"no {key} figure (no price for {device}?)")
+        r["reasons"] = reasons
+        candidates.append(r)
+        if not reasons:
+            passing.append(r)
+
+    selected = min(passing, key=lambda r: (r[key], r["p95_ms"])) if passing else None
+    for r in candidates:
+        if r is selected:
+            r["verdict"] = "selected"
+        elif r in passing:
+            r["verdict"] = "within budget"
+            r["reasons"] = [f"within budget, but {_fmt(key, r[key])} vs {_fmt(key, selected[key])} for '{selected['id']}'"]
+        else:
+            r["verdict"] = "rejected"
+
+    best_failed = None
+    if selected is None:
+        scored = [r for r in candidates if r["ok"] and r.get("delta") is not None]
+        if scored:
+            best = max(scored, key=lambda r: r["delta"])
+            best_failed = {"id": best["id"], "accuracy": best["accuracy"], "delta": best["delta"],
+                           "p95_ms": best["p95_ms"], "size_mb": best["size_mb"], "usd_per_1k": best.get("usd_per_1k"),
+                           "reasons": best["reasons"]}
+            notes.append(
+                f"no compressed variant is within budget; the closest is '{best['id']}' "
+                f"({best['delta']:+.2f} points: {'; '.join(best['reasons'])})"
+            )
+        else:
+            notes.append("no compressed variant could be measured")
+    return {
+        "device": device,
+        "objective": budget["objective"],
+        "selected": selected["id"] if selected else None,
+        "best_failed": best_failed,
+        "exit_code": EXIT_OK if selected else EXIT_BUDGET,
+        "notes": notes,
+    }
+
+
+def _fmt(key: str, value: float) -> str:
+    return {"usd_per_1k": f"${value:.5f}/1K", "p95_ms": f"p95 {value:.2f} ms", "size_mb": f"{value:.1f} MB"}[key]

@@ -1,0 +1,66 @@
+"""How each benchmarkable artifact format is loaded for inference.
+
+A loader returns a Predictor: the tokenizer to use, a call that maps a padded batch
+(numpy arrays [B, T]) to logits [B, num_labels], and what counts as the model on disk.
+Loaders are named by module path so that importing this registry imports no framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# format -> "module:function"; the function is load(path, device, threads, options) -> Predictor
+LOADERS: dict[str, str] = {
+    "hf": "compress.formats.hf:load",
+    "torch_int8": "compress.formats.torch_int8:load",
+}
+
+# Files that are tokenizer or bookkeeping, not model: left out of "size on disk".
+NON_MODEL_FILES = {
+    "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
+    "merges.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model", "added_tokens.json",
+    "result.json", "_complete.json", "teacher_logits.npy", "README.md",
+}
+
+
+class Predictor:
+    """A loaded variant, ready to time. Subclasses set tokenizer and implement __call__."""
+
+    tokenizer: Any
+    device: str = "cpu"
+    notes: list[str]
+    input_names: tuple[str, ...] | None = None  # inputs the model takes; None: all the tokenizer gives
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.notes = []
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Wait for queued device work (GPU), so that timings are real."""
+
+    def num_params(self) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def model_files(self) -> list[Path]:
+        return [p for p in self.path.rglob("*") if p.is_file() and p.name not in NON_MODEL_FILES and not p.name.startswith(".")]
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.model_files())
+
+    def memory_bytes(self) -> int | None:
+        """Bytes the loaded weights take in memory, where the format can tell."""
+        return None
+
+
+def load_predictor(fmt: str, path: Path, device: str, threads: int, options: dict | None = None) -> Predictor:
+    if fmt not in LOADERS:
+        raise ValueError(f"format '{fmt}' cannot be benchmarked; known: {', '.join(sorted(LOADERS))}")
+    module, func = LOADERS[fmt].split(":")
+    return getattr(importlib.import_module(module), func)(path, device, threads, options or {})

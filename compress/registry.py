@@ -1,0 +1,74 @@
+"""The stage registry: every stage kind is a pydantic config, a typed result and a
+`run(ctx)` function, registered under an explicit name (see `compress/stages/__init__.py`).
+
+Artifact formats name what a stage writes to its folder, so the recipe validator can
+check that a stage is fed something it can take before any model loads:
+
+- `checkpoint`: a transformers model folder without a task head (only model sources).
+- `hf`: a transformers sequence-classification folder (safetensors + tokenizer).
+- `torch_int8`: torch dynamic INT8 weights as safetensors (see formats/torch_int8.py).
+- `onnx`: an ONNX model folder with its tokenizer.
+- `bnb_4bit`: a bitsandbytes 4-bit model (loaded from an `hf` folder plus its settings).
+- `cascade`: two variants combined by a confidence threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from compress.context import StageContext
+
+Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "bnb_4bit", "cascade"]
+
+
+class StageConfig(BaseModel):
+    """Base of every stage's `with:` block: unknown keys are errors, never ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def refs(self) -> dict[str, str]:
+        """Other stages this one reads besides its `from` input, as {config key: stage id}."""
+        return {}
+
+
+class StageResult(BaseModel):
+    """What a stage returns; saved as `result.json` beside its outputs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Format
+    notes: list[str] = []
+
+
+@dataclass(frozen=True)
+class StageKind:
+    name: str
+    summary: str
+    config: type[StageConfig]
+    result: type[StageResult]
+    run: Callable[["StageContext"], StageResult]
+    accepts: tuple[Format, ...]  # formats the `from` input may have
+    produces: Format
+    # Formats a config ref (see StageConfig.refs) may point at.
+    ref_accepts: tuple[Format, ...] = ()
+    # Keys of the recipe's `budget` block that this stage reads: a change to them must
+    # re-run the stage, so they enter its fingerprint.
+    budget_keys: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def registry() -> dict[str, StageKind]:
+    from compress.stages import STAGES
+
+    return STAGES
+
+
+def get_stage(name: str) -> StageKind:
+    stages = registry()
+    if name not in stages:
+        raise KeyError(f"unknown stage kind '{name}'; valid: {', '.join(sorted(stages))}")
+    return stages[name]

@@ -1,0 +1,210 @@
+"""Runs a validated recipe: stages in dependency order (reusing every output whose
+fingerprint is unchanged), then the benchmark, the decision and the reports.
+
+The runner knows stages only through the registry: a new stage kind plugs in without a
+change here.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+from compress import __version__
+from compress.artifacts import RESULT, Artifact, ArtifactStore, RunLock, digest
+from compress.console import log as default_log
+from compress.errors import StageError
+from compress.recipe import BENCHMARKABLE, MODEL_ID, Recipe
+from compress.registry import get_stage
+
+
+def topo_order(recipe: Recipe) -> list[str]:
+    """Stage ids, each after everything it reads (recipe order where free)."""
+    done: list[str] = []
+
+    def visit(sid: str) -> None:
+        if sid in done or sid == MODEL_ID:
+            return
+        spec = recipe.stage(sid)
+        for dep in [spec.source, *spec.config.refs().values()]:
+            visit(dep)
+        done.append(sid)
+
+    for s in recipe.stages:
+        visit(s.id)
+    return done
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def stage_fingerprint(recipe: Recipe, sid: str, artifacts: dict[str, Artifact], train_fp: str) -> str:
+    spec = recipe.stage(sid)
+    kind = get_stage(spec.uses)
+    return digest({
+        "kind": kind.name,
+        "config": spec.config.model_dump(mode="json"),
+        "input": artifacts[spec.source].fingerprint,
+        "refs": {k: artifacts[v].fingerprint for k, v in spec.config.refs().items()},
+        "budget": {k: getattr(recipe.budget, k) for k in kind.budget_keys},
+        "data": train_fp,
+        "versions": {"compress": __version__, "torch": _version("torch"), "transformers": _version("transformers")},
+    })
+
+
+def run_recipe(
+    recipe: Recipe,
+    artifacts_root: Path,
+    force: tuple[str, ...] = (),
+    log: Callable[[str], None] = default_log,
+    threads: int | None = None,
+) -> dict:
+    """Runs everything and returns the report (also written to the run folder)."""
+    from compress.data import Data
+    from compress.sources import resolve_model
+
+    started = datetime.now(timezone.utc)
+    t_start = time.perf_counter()
+    run_dir = artifacts_root / recipe.name
+    with RunLock(run_dir):
+        store = ArtifactStore(run_dir)
+        store.sweep()  # temporary folders of an interrupted run are never trusted
+        model = resolve_model(recipe.model, recipe.base_dir)
+        log(f"model: {recipe.model.source} ({model.format}, {model.origin})")
+        data = Data(recipe.data, recipe.base_dir)
+        log(f"data: {len(data.train)} training / {len(data.eval)} eval examples, {data.num_labels} labels "
+            f"({data.sources['eval']})")
+        artifacts: dict[str, Artifact] = {MODEL_ID: Artifact(MODEL_ID, model.path, model.format, model.fingerprint)}
+
+        threads = threads or recipe.benchmark.threads
+        device = _train_device()
+        stages_info: dict[str, dict] = {}
+        for sid in topo_order(recipe):
+            spec = recipe.stage(sid)
+            kind = get_stage(spec.uses)
+            fp = stage_fingerprint(recipe, sid, artifacts, data.train_fingerprint)
+            cached = None if sid in force else store.load(sid, fp)
+            if cached is not None:
+                log(f"[{sid}] {kind.name}: up to date (reused)")
+                artifacts[sid] = cached
+                stages_info[sid] = {"uses": kind.name, "cached": True, "seconds": cached.result.get("seconds")}
+                continue
+            _, why = store.check(sid, fp)
+            log(f"[{sid}] {kind.name}: running ({'forced' if sid in force else why})")
+            tmp = store.begin(sid)
+            try:
+                ctx = _context(recipe, sid, artifacts, tmp, data, log, device, threads)
+                t0 = time.perf_counter()
+                result = kind.run(ctx)
+                seconds = time.perf_counter() - t0
+                if not isinstance(result, kind.result) or result.format != kind.produces:
+                    raise StageError(f"{sid}: stage {kind.name} returned {type(result).__name__}, not its result type")
+                payload = result.model_dump(mode="json")
+                payload["seconds"] = round(seconds, 2)
+                (tmp / RESULT).write_text(_json(payload))
+                artifacts[sid] = store.commit(sid, tmp, fp, kind.produces, {"stage": kind.name})
+            except BaseException:
+                store.discard(tmp)
+                raise
+            log(f"[{sid}] done in {seconds:.1f}s")
+            stages_info[sid] = {"uses": kind.name, "cached": False, "seconds": round(seconds, 2)}
+
+        report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads)
+    return report
+
+
+def _context(recipe, sid, artifacts, out, data, log, device, threads):
+    from compress.context import StageContext
+
+    spec = recipe.stage(sid)
+    return StageContext(
+        stage_id=sid, config=spec.config, input=artifacts[spec.source], out=out, recipe=recipe,
+        refs={k: artifacts[v] for k, v in spec.config.refs().items()}, _data=lambda: data, log=log,
+        device=device, threads=threads, seed=recipe.data.seed,
+    )
+
+
+def _train_device() -> str:
+    from compress.benchmark import cuda_available
+
+    return "cuda" if cuda_available() else "cpu"
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(obj, indent=1, default=str)
+
+
+def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads) -> dict:
+    from compress import manifest
+    from compress.benchmark import run_benchmarks
+    from compress.decision import build_rows, decide
+    from compress.report import write_reports
+
+    base = recipe.budget.baseline
+    variants = [a for a in artifacts.values() if a.format in BENCHMARKABLE and (a.id != MODEL_ID or base == MODEL_ID)]
+    hw = manifest.hardware()
+    vers = manifest.versions()
+    log(f"benchmark: {len(variants)} variants, {threads} threads, batch sizes {recipe.benchmark.batch_sizes}")
+    results, bench_notes = run_benchmarks(
+        variants, recipe.benchmark.model_copy(update={"threads": threads}), data, run_dir / "bench",
+        manifest.machine_key(hw, vers), log,
+    )
+    if not results.get((base, "cpu"), {}).get("ok") and not any(
+        results.get((base, d), {}).get("ok") for d in recipe.benchmark.devices
+    ):
+        err = next((r.get("error") for (vid, _), r in results.items() if vid == base), "not measured")
+        raise StageError(f"budget.baseline '{base}' could not be benchmarked ({err}); nothing to compare against")
+
+    resolved = recipe.resolved()
+    resolved["benchmark"]["threads"] = threads
+    meta = []
+    for a in variants:
+        spec = None if a.id == MODEL_ID else recipe.stage(a.id)
+        meta.append({
+            "id": a.id, "stage": spec.uses if spec else MODEL_ID, "format": a.format,
+            "source": spec.source if spec else None, "fingerprint": a.fingerprint[:16],
+        })
+    rows = build_rows(meta, results, data.eval.labels, resolved)
+    devices = list(dict.fromkeys(d for (_, d) in results))
+    decision = decide(rows, resolved, devices)
+    seeds = {"data": recipe.data.seed, **{s.id: getattr(s.config, "seed", None) for s in recipe.stages if hasattr(s.config, "seed")}}
+    report = {
+        "schema_version": 1,
+        "recipe": recipe.name,
+        "run_dir": str(run_dir),
+        "devices": devices,
+        "budget": resolved["budget"],
+        "decision": decision,
+        "rows": rows,
+        "stages": {
+            sid: {**info, "result": {k: v for k, v in artifacts[sid].result.items() if k != "format"}}
+            for sid, info in stages_info.items()
+        },
+        "notes": bench_notes + (["trust_remote_code is on: model code from the hub was allowed to run"]
+                                if recipe.model.trust_remote_code else []),
+        "manifest": {
+            "recipe_file": str(recipe.path) if recipe.path else None,
+            "recipe": resolved,
+            "versions": vers,
+            "hardware": hw,
+            "threads": threads,
+            "seeds": seeds,
+            "data": data.describe(),
+            "model": {"source": recipe.model.source, "path": str(model.path), "origin": model.origin,
+                      "format": model.format, "fingerprint": model.fingerprint},
+            "started": started.isoformat(timespec="seconds"),
+            "seconds": round(time.perf_counter() - t_start, 1),
+        },
+    }
+    write_reports(report, run_dir)
+    (run_dir / "manifest.json").write_text(_json(report["manifest"]))
+    return report

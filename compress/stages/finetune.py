@@ -1,0 +1,66 @@
+"""`finetune`: turns a checkpoint into the task baseline (a sequence-classification model).
+
+Also accepts a classifier, to fine-tune it further. Saves safetensors and the tokenizer,
+loadable with `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+from compress.registry import StageKind, StageResult
+from compress.train import TrainSettings
+
+
+class Config(TrainSettings):
+    """Fine-tuning with cross-entropy; see TrainSettings for the shared fields."""
+
+
+class Result(StageResult):
+    train: dict
+    train_examples: int
+    num_labels: int
+    params: int
+
+
+def run(ctx) -> Result:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from compress.train import encode, set_seed, train, unwrap
+
+    cfg: Config = ctx.config
+    torch.set_num_threads(ctx.threads)
+    set_seed(cfg.seed)  # the new head's initialisation depends on it
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        ctx.input.path,
+        num_labels=ctx.num_labels,
+        ignore_mismatched_sizes=True,  # a classifier with another label count gets a new head
+        trust_remote_code=ctx.recipe.model.trust_remote_code,
+    )
+    data = encode(tokenizer, ctx.data.train, cfg.max_length)
+    stats = train(ctx, model, tokenizer, data, cfg, description=f"{ctx.stage_id}: fine-tune")
+    model = unwrap(model)
+    model.save_pretrained(ctx.out, safe_serialization=True)
+    tokenizer.save_pretrained(ctx.out)
+    ctx.log(
+        f"  trained {stats.examples} examples in {stats.seconds:.0f}s ({stats.examples_per_s:.0f} ex/s, "
+        f"padding {stats.padding_waste:.0%})"
+    )
+    return Result(
+        format="hf",
+        train=stats.as_dict(),
+        train_examples=len(data),
+        num_labels=ctx.num_labels,
+        params=sum(p.numel() for p in model.parameters()),
+    )
+
+
+KIND = StageKind(
+    name="finetune",
+    summary="Fine-tune a checkpoint into the task baseline (AdamW, warm-up, length-grouped batches).",
+    config=Config,
+    result=Result,
+    run=run,
+    accepts=("checkpoint", "hf"),
+    produces="hf",
+)

