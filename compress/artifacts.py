@@ -52,6 +52,9 @@ class Artifact:
     format: str
     fingerprint: str
     result: dict = field(default_factory=dict)
+    # sha256 over the checksums of the files written: tells a rebuilt output (same
+    # fingerprint, new files) from the one measured before.
+    content: str = ""
 
 
 class ArtifactStore:
@@ -84,7 +87,7 @@ class ArtifactStore:
             return None
         folder = self.folder(stage_id)
         result = json.loads((folder / RESULT).read_text()) if (folder / RESULT).is_file() else {}
-        return Artifact(stage_id, folder, marker["format"], marker["fingerprint"], result)
+        return Artifact(stage_id, folder, marker["format"], marker["fingerprint"], result, digest(marker["files"]))
 
     def begin(self, stage_id: str) -> Path:
         tmp = self.root / ".tmp" / f"{stage_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -129,14 +132,19 @@ class RunLock:
 
     def __enter__(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "w")
+        self._fh = open(self.path, "a+")  # not "w": that would blank the holder's pid
         try:
             fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            self._fh.seek(0)
+            holder = self._fh.read().strip()
             self._fh.close()
             raise CompressError(
-                f"{self.path.parent}: another run of this recipe is in progress; wait for it to finish"
+                f"{self.path.parent}: another run of this recipe is in progress"
+                f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to finish"
             )
+        self._fh.seek(0)
+        self._fh.truncate()
         self._fh.write(str(os.getpid()))
         self._fh.flush()
         return self

@@ -75,6 +75,10 @@ def measure(spec: dict) -> dict:
         for b in padded[: max(warmup, 1)]:  # warm-up: allocators, kernels, caches
             pred(b)
         pred.sync()
+        # A predictor that routes inputs (a cascade) counts what it routed: start the
+        # count after the warm-up so that it covers exactly the timed inputs.
+        if hasattr(pred, "reset_counts"):
+            pred.reset_counts()
         times, outs = [], []
         for b in padded:
             start = time.perf_counter()
@@ -92,6 +96,7 @@ def measure(spec: dict) -> dict:
 
     batches_out = []
     predictions = None
+    routed_share = None  # share of the eval inputs a cascade sent on to its large model
     for bs in sorted(set(int(b) for b in spec["batch_sizes"])):
         if bs == 1:
             times, n = lat_ms, n_lat
@@ -106,14 +111,19 @@ def measure(spec: dict) -> dict:
             for b, o in zip(batches, outs):
                 logits[b] = o
             predictions = logits.argmax(-1)  # the largest batch size's pass wins
+            routed_share = getattr(pred, "routed_share", None)
         p = _percentiles(times)
-        batches_out.append({
+        entry = {
             "batch_size": bs, "throughput": n / (sum(times) / 1000.0),
             "p50_ms": p["p50"], "p95_ms": p["p95"], "p99_ms": p["p99"], "padding_waste": waste,
-        })
+        }
+        if getattr(pred, "routed_share", None) is not None:
+            entry["routed_share"] = pred.routed_share
+        batches_out.append(entry)
     if predictions is None:  # only batch 1 configured: score every example one by one
         _, outs = timed_pass([[i] for i in range(len(rows))])
         predictions = np.concatenate(outs).argmax(-1)
+        routed_share = getattr(pred, "routed_share", None)
 
     return {
         "ok": True,
@@ -130,6 +140,7 @@ def measure(spec: dict) -> dict:
         "batches": batches_out,
         "notes": pred.notes,
         "effective_device": getattr(pred, "effective_device", spec["device"]),
+        **({"routed_share": routed_share} if routed_share is not None else {}),
     }
 
 

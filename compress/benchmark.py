@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from compress.artifacts import digest
+from compress.formats import CPU_ONLY
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.artifacts import Artifact
@@ -67,6 +68,9 @@ def run_benchmarks(
     batch_sizes = sorted(set([1, *spec.batch_sizes]))
     for device in devices:
         for art in variants:
+            if device != "cpu" and art.format in CPU_ONLY:
+                notes.append(f"{art.id}: not benchmarked on {device}: {CPU_ONLY[art.format]}")
+                continue
             job = {
                 "format": art.format, "path": str(art.path), "device": device,
                 "threads": spec.threads, "batch_sizes": batch_sizes, "max_length": spec.max_length,
@@ -74,13 +78,13 @@ def run_benchmarks(
                 "eval_file": str(eval_file), "options": {"cuda_dtype": spec.cuda_dtype},
             }
             key = digest({
-                "artifact": art.fingerprint, "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
+                "artifact": art.fingerprint, "content": art.content, "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
                 "eval": data.eval_fingerprint, "machine": machine,
             })
             out = folder / f"{art.id}.{device}.json"
             if not force and out.is_file():
-                cached = json.loads(out.read_text())
-                if cached.get("key") == key:
+                cached = _read_json(out)  # None when unreadable: measured again, never trusted
+                if cached is not None and cached.get("key") == key:
                     log(f"  {art.id} on {device}: measured before (cached)")
                     results[(art.id, device)] = cached
                     continue
@@ -93,6 +97,14 @@ def run_benchmarks(
             else:
                 log(f"    failed: {r.get('error')}")
     return results, notes
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _measure(job: dict, key: str, folder: Path, vid: str, device: str, threads: int) -> dict:
@@ -115,7 +127,9 @@ def _measure(job: dict, key: str, folder: Path, vid: str, device: str, threads: 
         result = {"ok": False, "error": f"benchmark process died: {tail[0][:200]}"}
     result["key"] = key
     if result.get("ok"):  # failures are not cached: the next run tries again
-        out_path.write_text(json.dumps(result))
+        part = out_path.with_suffix(".part")  # atomic: a run killed here leaves no half file
+        part.write_text(json.dumps(result))
+        part.rename(out_path)
     elif out_path.exists():
         out_path.unlink()
     spec_path.unlink(missing_ok=True)

@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 unexpected failure, 2 bad usage / recipe / input,
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -38,6 +39,8 @@ def _main(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
 ) -> None:
     _state["debug"] = debug or os.environ.get("COMPRESS_DEBUG", "") not in ("", "0")
+    if debug:  # the runner and the benchmark processes read it too
+        os.environ["COMPRESS_DEBUG"] = "1"
 
 
 @app.command()
@@ -58,6 +61,7 @@ def run(
     force: Annotated[Optional[list[str]], typer.Option("--force", "-f", help="Re-run this stage even if its output is up to date; repeatable.")] = None,
     artifacts: Annotated[Path, typer.Option(help="Folder for run outputs (one sub-folder per recipe name).")] = Path("artifacts"),
     threads: Annotated[Optional[int], typer.Option(help="Override benchmark.threads (also used for training).", min=1)] = None,
+    no_rebuild: Annotated[bool, typer.Option("--no-rebuild", help="Fail (exit 2) instead of running a stage whose output is missing, stale or corrupt.")] = False,
 ) -> None:
     """Run a recipe: stages, benchmark, decision, reports. Exit 3 if no compressed variant is within budget."""
     from compress.console import log
@@ -71,9 +75,14 @@ def run(
     for f in force or []:
         if f not in ids:
             raise RecipeError("--force", f, f"names no stage (known: {', '.join(sorted(ids))})")
-    report = run_recipe(r, artifacts, tuple(force or ()), threads=threads)
+    if force and no_rebuild:
+        raise CompressError("--force and --no-rebuild contradict each other; use one")
+    report = run_recipe(r, artifacts, tuple(force or ()), threads=threads, rebuild=not no_rebuild)
+    if report is None:  # a secondary process of `accelerate launch`: the main one reports
+        return
     print_report(report)
-    log(f"reports: {Path(report['run_dir']) / 'report.md'}, {Path(report['run_dir']) / 'report.json'}"
+    log(f"reports: {Path(report['run_dir']) / 'report.md'}, {Path(report['run_dir']) / 'report.html'}, "
+        f"{Path(report['run_dir']) / 'report.json'}, {Path(report['run_dir']) / 'junit.xml'}"
         f" ({report['manifest']['seconds']:.0f}s)")
     raise typer.Exit(report["decision"]["exit_code"])
 
@@ -120,7 +129,7 @@ def _type_name(ann) -> str:
 
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="A run folder (artifacts/NAME) or its report.json.")]) -> None:
-    """Re-render the reports of a finished run (terminal table, report.md)."""
+    """Re-render the reports of a finished run (terminal table, report.md, report.html, junit.xml)."""
     from compress.report import print_report, read_report, write_reports
 
     rep = read_report(run_dir)
@@ -173,17 +182,55 @@ def env() -> None:
                                "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE")}))
 
 
+@app.command()
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="The reference run folder or report.json (e.g. the main branch).")],
+    run_b: Annotated[Path, typer.Argument(help="The run to check against it (e.g. a pull request).")],
+    fail_on_regression: Annotated[bool, typer.Option(help="Exit 3 when a change beyond noise is flagged.")] = False,
+    markdown: Annotated[Optional[Path], typer.Option(help="Also write the comparison as Markdown to this file.")] = None,
+) -> None:
+    """Per-variant change in accuracy, latency, size and $/1K between two runs, with regressions beyond noise flagged."""
+    from compress.compare import compare as compare_runs
+    from compress.compare import markdown as compare_markdown
+    from compress.compare import print_comparison
+
+    cmp = compare_runs(run_a, run_b)
+    print_comparison(cmp)
+    if markdown is not None:
+        markdown.write_text(compare_markdown(cmp), encoding="utf-8")
+    raise typer.Exit(EXIT_BUDGET if fail_on_regression and cmp["regressions"] else EXIT_OK)
+
+
+@app.command()
+def init(
+    model: Annotated[str, typer.Option(help="Model source: hub id, local folder or package:MODULE.")],
+    dataset: Annotated[str, typer.Option(help="Dataset: hub id, or a local folder or file.")],
+    text: Annotated[str, typer.Option(help="Column holding the text.")] = "sentence",
+    label: Annotated[str, typer.Option(help="Column holding integer labels.")] = "label",
+    output: Annotated[Path, typer.Option(help="Recipe file to write.")] = Path("recipe.yaml"),
+    force: Annotated[bool, typer.Option(help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a commented starter recipe for a model and a dataset, sized for this machine."""
+    from compress.console import out
+    from compress.init import write
+
+    write(model, dataset, text, label, output, force=force)
+    out.print(f"wrote {output}; next: compress validate {output} && compress run {output}", highlight=False)
+
+
 def main() -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=sys.argv[1:], prog_name="compress", standalone_mode=False)
+        if code == 130:  # typer turns Ctrl-C into a silent exit code 130
+            _fail(INTERRUPTED, 130)
         sys.exit(code if isinstance(code, int) else EXIT_OK)
     except CompressError as exc:
         if _state["debug"]:
             raise
         _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        _fail("interrupted; run again to resume (finished stages are kept)", 130)
+        _fail(INTERRUPTED, 130)
     except Exception as exc:
         if _state["debug"] and not hasattr(exc, "format_message"):
             raise
@@ -191,15 +238,60 @@ def main() -> None:
         if kind == "Exit":
             sys.exit(getattr(exc, "exit_code", EXIT_OK))
         if kind == "Abort":
-            _fail("interrupted", 130)
+            _fail(INTERRUPTED, 130)
+        disk = _disk_problem(exc)
+        if disk:
+            _fail(disk, EXIT_USAGE)
         if hasattr(exc, "format_message"):  # click's usage errors (typer may vendor click)
             _fail(f"{exc.format_message()} (see compress --help)", EXIT_USAGE)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         _fail(f"unexpected {kind}: {first[:300]} (re-run with --debug for the traceback)", EXIT_UNEXPECTED)
 
 
+INTERRUPTED = "interrupted; run again to resume (finished stages are kept)"
+
+# errno -> (what happened, what to do). Some writers (safetensors' Rust core) report the
+# OS error only in their message, hence the texts.
+_DISK_ERRORS = {
+    errno.ENOSPC: ("no space left on the device", "free some space or point --artifacts at a larger disk, then run again"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space or point --artifacts at another disk, then run again"),
+    errno.EROFS: ("read-only file system", "point --artifacts at a writable folder"),
+    errno.EACCES: ("permission denied", "fix the permissions of that path, or point --artifacts at a folder you can write to"),
+}
+_DISK_TEXTS = {
+    errno.ENOSPC: ("No space left on device", "StorageFull", "os error 28"),
+    errno.EDQUOT: ("Disk quota exceeded", "QuotaExceeded", "os error 122"),
+    errno.EROFS: ("Read-only file system", "ReadOnlyFilesystem", "os error 30"),
+    errno.EACCES: ("Permission denied", "PermissionDenied", "os error 13"),
+}
+
+
+def _disk_problem(exc: BaseException) -> str | None:
+    """A one-line message for a write that failed for want of space or permission
+    (the exception or one it was raised from), else None. Stage outputs are written to a
+    temporary folder first, so such a failure never leaves a trusted partial output."""
+    seen = 0
+    while exc is not None and seen < 8:
+        code = exc.errno if isinstance(exc, OSError) else None
+        if code not in _DISK_ERRORS:
+            text = str(exc)
+            code = next((c for c, needles in _DISK_TEXTS.items() if any(n in text for n in needles)), None)
+        if code in _DISK_ERRORS:
+            what, todo = _DISK_ERRORS[code]
+            name = getattr(exc, "filename", None)
+            return f"{what}{f' ({name})' if name else ''}; {todo} (finished stages are kept)"
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
 def _fail(message: str, code: int) -> None:
     from compress.console import err
 
-    err.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    # One line whatever the input held (an id with a newline, say), printed as written:
+    # "[int8] ..." is a stage id, not rich markup.
+    message = message.replace("\r", "\\r").replace("\n", "\\n")
+    err.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)

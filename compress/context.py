@@ -30,6 +30,7 @@ class StageContext:
     device: str = "cpu"  # where training and calibration run
     threads: int = 2
     seed: int = 0
+    cache_root: Path | None = None  # default: <run folder>/.cache (see cache_dir)
 
     @property
     def data(self) -> "Data":
@@ -43,6 +44,20 @@ class StageContext:
     @property
     def num_labels(self) -> int:
         return self.data.num_labels
+
+    def cache_dir(self, key: str) -> Path:
+        """A folder named `key` for derived data worth keeping across runs of the recipe
+        (e.g. teacher logits), outside any artifact. `key` must capture everything the
+        content depends on; write into it atomically (temp file, then rename). It lives in
+        <run folder>/.cache: while a stage runs, `out` is <run folder>/.tmp/<name>."""
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", key):
+            raise ValueError(f"cache key {key!r} is not a safe folder name")
+        root = self.cache_root if self.cache_root is not None else self.out.parent.parent / ".cache"
+        folder = root / key
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     def progress(self, total: int, description: str) -> Any:
         from compress.console import progress

@@ -59,13 +59,15 @@ def _read_file(path: Path):
             return pd.read_csv(path, sep="\t", quoting=3, keep_default_na=False, dtype=str, encoding="utf-8")
         if path.suffix == ".csv":
             return pd.read_csv(path, keep_default_na=False, dtype=str, encoding="utf-8")
+        # dtype=False: values stay as written, so `true` or `1.5` as a label is an error
+        # naming its row rather than a silent 1 or a column turned to floats.
         if path.suffix == ".jsonl":
-            return pd.read_json(path, lines=True, encoding="utf-8")
+            return pd.read_json(path, lines=True, encoding="utf-8", dtype=False)
         if path.suffix == ".json":
             try:
-                return pd.read_json(path, encoding="utf-8")
+                return pd.read_json(path, encoding="utf-8", dtype=False)
             except ValueError:
-                return pd.read_json(path, lines=True, encoding="utf-8")
+                return pd.read_json(path, lines=True, encoding="utf-8", dtype=False)
         if path.suffix == ".parquet":
             return pd.read_parquet(path)
     except UnicodeDecodeError as exc:
@@ -91,21 +93,23 @@ def _split_file(folder: Path, split: str) -> Path:
 
 def _local_root(spec: "DataSpec", base_dir: Path) -> Path | None:
     """A local file or folder for the dataset, or None to use the hub."""
-    direct = Path(spec.dataset).expanduser()
+    from compress.sources import expand_user
+
+    direct = expand_user(spec.dataset)
     if not direct.is_absolute():
         direct = base_dir / direct
     if direct.exists():
-        return direct
+        return direct.resolve()
     if spec.mirror:
-        mirror = Path(spec.mirror).expanduser()
+        mirror = expand_user(spec.mirror)
         mirror = mirror if mirror.is_absolute() else base_dir / mirror
         if mirror.is_dir():
-            return mirror
+            return mirror.resolve()
     leaf = spec.dataset.rstrip("/").split("/")[-1]
     for root in filter(None, os.environ.get("COMPRESS_DATA_DIR", "").split(os.pathsep)):
-        candidate = Path(root).expanduser() / leaf
+        candidate = expand_user(root) / leaf
         if candidate.is_dir():
-            return candidate
+            return candidate.resolve()
     if spec.dataset.startswith((".", "/", "~")):
         raise DataError(f"data.dataset: no such file or folder '{direct}'")
     return None
@@ -130,10 +134,17 @@ def _frame_to_split(frame, spec: "DataSpec", where: str) -> Split:
         return values
 
     raw_labels = frame[spec.label].tolist()
+    # A row without a label turns the whole column to floats (NaN): name that row first,
+    # not the first row whose 1 became 1.0.
+    for i, v in enumerate(raw_labels):
+        if v is None or (isinstance(v, float) and v != v):
+            raise DataError(f"{where}: row {i + 1}: label is missing")
     labels = np.empty(len(raw_labels), dtype=np.int64)
     for i, v in enumerate(raw_labels):
         if isinstance(v, bool) or not (isinstance(v, (int, np.integer)) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())):
             raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer")
+        if not -(2**31) < int(v) < 2**31:  # would overflow int64 (and no head has that many classes)
+            raise DataError(f"{where}: row {i + 1}: label {str(v)[:40]} is out of range")
         labels[i] = int(v)
     return Split(texts(spec.text), texts(spec.text_pair) if spec.text_pair else None, labels)
 
@@ -186,6 +197,21 @@ class Data:
                 )
         if self.num_labels < 2:
             raise DataError(f"{self.sources['train']}: only one class in the labels; a classifier needs two or more")
+        if not spec.num_labels:
+            # Inferred as max + 1: a stray large label would silently make a huge head.
+            present = set(np.unique(self.train_full.labels).tolist())
+            if len(present) < self.num_labels:
+                absent = []  # the first few; at most len(present) + 6 steps, whatever the labels
+                for c in range(self.num_labels):
+                    if c not in present:
+                        absent.append(c)
+                        if len(absent) > 5:
+                            break
+                shown = ", ".join(map(str, absent[:5])) + (", ..." if len(absent) > 5 else "")
+                raise DataError(
+                    f"{self.sources['train']}: labels should be 0..{self.num_labels - 1}, but class {shown} never "
+                    f"appears in the training split; fix the labels or set data.num_labels"
+                )
 
         # A fixed permutation of the training split: its head is the training subset,
         # its tail the calibration pool, so the two never overlap when data allows.

@@ -31,12 +31,19 @@ def paired_bootstrap(correct_a: np.ndarray, correct_b: np.ndarray, samples: int,
 
 
 def operating_point(batches: list[dict], slo_ms: float | None) -> dict | None:
-    """The batch size with the best throughput whose p95 batch latency meets the SLO."""
-    ok = [b for b in batches if slo_ms is None or b["p95_ms"] <= slo_ms]
-    return max(ok, key=lambda b: b["throughput"]) if ok else None
+    """The cheapest operating point: the batch size with the best throughput (cost per
+    inference is price / throughput) whose p95 batch latency meets the SLO; without an SLO,
+    the best throughput. Ties go to the smaller batch (lower latency). None: no batch size
+    meets the SLO."""
+    ok = [b for b in batches if b["throughput"] > 0 and (slo_ms is None or b["p95_ms"] <= slo_ms)]
+    return max(ok, key=lambda b: (b["throughput"], -b["batch_size"])) if ok else None
 
 
-def usd_per_1k(usd_per_hour: float, throughput: float) -> float:
+def usd_per_1k(usd_per_hour: float, throughput: float) -> float | None:
+    """USD per 1,000 inferences on an instance billed per hour, running at `throughput`
+    sequences per second all the time (None when nothing was measured)."""
+    if throughput <= 0:
+        return None
     return usd_per_hour / 3600.0 / throughput * 1000.0
 
 
@@ -77,6 +84,9 @@ def build_rows(
                 "effective_device": r.get("effective_device", device),
                 "load_seconds": r.get("load_seconds"),
             })
+            if r.get("routed_share") is not None:  # a cascade: share sent on to its large model
+                row["routed_share"] = r["routed_share"]
+                row["notes"].append(f"{r['routed_share']:.0%} of the eval inputs went on to the large model")
             if base_correct is not None:
                 correct = np.array(r["predictions"]) == labels
                 row["delta"] = row["accuracy"] - base["accuracy"]
@@ -117,21 +127,11 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
         if r["id"] == base_id:
             r["verdict"], r["reasons"] = ("baseline", []) if r["ok"] else ("failed", [r.get("error", "")])
             continue
-        reasons = []
+        r["checks"] = budget_checks(r, budget)
         if not r["ok"]:
-            reasons.append(f"benchmark failed: {r.get('error')}")
+            reasons = [f"benchmark failed: {r.get('error')}"]
         else:
-            gate = r["delta_ci95"][0] if budget["gate_on"] == "ci_lower" else r["delta"]
-            what = "lower 95% bound of the accuracy delta" if budget["gate_on"] == "ci_lower" else "accuracy drop"
-            if -gate > budget["max_accuracy_drop"]:
-                reasons.append(f"{what} {-gate:.2f} points exceeds the budget of {budget['max_accuracy_drop']:.2f}")
-            slo = budget.get("latency_p95_ms")
-            if slo is not None and r["p95_ms"] > slo:
-                reasons.append(f"p95 latency {r['p95_ms']:.2f} ms exceeds the SLO of {slo:.2f} ms")
-            if slo is not None and r["operating_point"] is None:
-                reasons.append("no batch size meets the latency SLO")
-            if budget.get("max_size_mb") is not None and r["size_mb"] > budget["max_size_mb"]:
-                reasons.append(f"size {r['size_mb']:.1f} MB exceeds the limit of {budget['max_size_mb']:.1f} MB")
+            reasons = [c["message"] for c in r["checks"] if c["status"] == "fail"]
             if r.get(key) is None:
                 reasons.append(f"no {key} figure (no price for {device}?)")
         r["reasons"] = reasons
@@ -171,6 +171,56 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
         "exit_code": EXIT_OK if selected else EXIT_BUDGET,
         "notes": notes,
     }
+
+
+CHECKS = ("accuracy budget", "latency SLO", "size limit")
+
+
+def budget_checks(r: dict, budget: dict) -> list[dict]:
+    """The budget checks of one candidate row, each {name, status, message} with status
+    pass | fail | skipped (the budget sets no such limit) | error (not measured). decide()
+    turns the failures into reasons; junit.py reports every check as a test case."""
+    if not r["ok"]:
+        msg = f"benchmark failed: {r.get('error')}"
+        return [{"name": n, "status": "error", "message": msg} for n in CHECKS]
+    out = []
+    limit = budget["max_accuracy_drop"]
+    if r.get("delta") is None or r.get("delta_ci95") is None:
+        out.append({"name": CHECKS[0], "status": "fail",
+                    "message": f"no accuracy delta: the baseline was not measured on {r['device']}"})
+    else:
+        ci_lower = budget.get("gate_on") == "ci_lower"
+        gate = r["delta_ci95"][0] if ci_lower else r["delta"]
+        drop = -gate + 0.0  # + 0.0: no "-0.00"
+        what = "lower 95% bound of the accuracy delta" if ci_lower else "accuracy drop"
+        if drop > limit:
+            out.append({"name": CHECKS[0], "status": "fail",
+                        "message": f"{what} {drop:.2f} points exceeds the budget of {limit:.2f}"})
+        else:
+            out.append({"name": CHECKS[0], "status": "pass",
+                        "message": f"{what} {drop:.2f} points is within the budget of {limit:.2f}"})
+    slo = budget.get("latency_p95_ms")
+    if slo is None:
+        out.append({"name": CHECKS[1], "status": "skipped", "message": "no latency SLO set (budget.latency_p95_ms)"})
+    elif r["p95_ms"] > slo:
+        out.append({"name": CHECKS[1], "status": "fail",
+                    "message": f"p95 latency {r['p95_ms']:.2f} ms exceeds the SLO of {slo:.2f} ms"})
+    elif r.get("operating_point") is None:
+        out.append({"name": CHECKS[1], "status": "fail", "message": "no batch size meets the latency SLO"})
+    else:
+        out.append({"name": CHECKS[1], "status": "pass",
+                    "message": f"p95 latency {r['p95_ms']:.2f} ms meets the SLO of {slo:.2f} ms "
+                    f"(cheapest batch size within it: {r['operating_point']['batch_size']})"})
+    max_mb = budget.get("max_size_mb")
+    if max_mb is None:
+        out.append({"name": CHECKS[2], "status": "skipped", "message": "no size limit set (budget.max_size_mb)"})
+    elif r["size_mb"] > max_mb:
+        out.append({"name": CHECKS[2], "status": "fail",
+                    "message": f"size {r['size_mb']:.1f} MB exceeds the limit of {max_mb:.1f} MB"})
+    else:
+        out.append({"name": CHECKS[2], "status": "pass",
+                    "message": f"size {r['size_mb']:.1f} MB is within the limit of {max_mb:.1f} MB"})
+    return out
 
 
 def _fmt(key: str, value: float) -> str:

@@ -14,13 +14,19 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
-from compress.errors import RecipeError
+from compress.errors import ModelSourceError, RecipeError
 from compress.registry import Format, StageConfig, get_stage, registry
 
-SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 MODEL_ID = "model"  # the recipe's model, usable as `from: model` and `budget.baseline: model`
 RESERVED_IDS = {MODEL_ID, "bench", "reports"}
 BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "bnb_4bit", "cascade")
+# Why a format cannot go further down a chain, added to "takes X, but Y gives Z" errors.
+FORMAT_HINTS: dict[str, str] = {
+    "bnb_4bit": "a bitsandbytes 4-bit model is an end point: its packed 4-bit weights have no ONNX "
+    "export and quantizing them again only adds error; take the stage it was loaded from instead",
+    "onnx": "an ONNX graph does not go back to torch: put torch stages before export_onnx",
+}
 
 
 class Strict(BaseModel):
@@ -304,6 +310,30 @@ def apply_override(raw: dict, parts: list[str | int], value: Any, text: str) -> 
             raise RecipeError("--set", _key(parts[: i + 1]), "cannot set a key inside a scalar value")
 
 
+class _SafeUniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (PyYAML would
+    silently keep the last: a setting lost without a word). Merge keys (`<<`) may still
+    be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # unhashable key: SafeLoader reports it
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark, f"duplicate key '{key}'", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Read, override and validate a recipe. Raises RecipeError naming the key."""
     path = Path(path)
@@ -315,7 +345,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     except (OSError, UnicodeDecodeError) as exc:
         raise RecipeError(where, "", f"cannot read the file ({exc.__class__.__name__})")
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_SafeUniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -347,11 +377,13 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
                 where, f"stages[{i}].id",
                 f"'{spec.id}' is not a safe folder name (letters, digits, '-', '_'; at most 64)",
             )
-        if spec.id in RESERVED_IDS:
+        # Case-blind: ids that differ only in case share a folder on macOS and Windows.
+        if spec.id.lower() in RESERVED_IDS:
             raise RecipeError(where, f"stages[{i}].id", f"'{spec.id}' is reserved; choose another id")
-        if spec.id in seen:
-            raise RecipeError(where, f"stages[{i}].id", f"duplicate id '{spec.id}' (first at stages[{seen[spec.id]}])")
-        seen[spec.id] = i
+        if spec.id.lower() in seen:
+            raise RecipeError(where, f"stages[{i}].id", f"duplicate id '{spec.id}' (first at stages[{seen[spec.id.lower()]}]; "
+                              f"ids must differ in more than case)")
+        seen[spec.id.lower()] = i
         if spec.uses not in kinds:
             raise RecipeError(
                 where, f"stages[{i}].uses",
@@ -402,7 +434,10 @@ def _check_graph(recipe: Recipe, where: str) -> None:
     for spec in recipe.stages:
         visit(spec.id, [])
 
-    model_format = peek_model_format(recipe.model, recipe.base_dir)  # None when unknown offline
+    try:
+        model_format = peek_model_format(recipe.model, recipe.base_dir)  # None when unknown offline
+    except ModelSourceError as exc:  # named as the recipe's key, like every other recipe error
+        raise RecipeError(where, "model.source", str(exc).removeprefix("model.source: "))
 
     def output_format(ref: str) -> Format | None:
         if ref == MODEL_ID:
@@ -416,10 +451,23 @@ def _check_graph(recipe: Recipe, where: str) -> None:
             hint = ""
             if fmt == "checkpoint":
                 hint = "; the recipe's model has no classification head: add a finetune stage and take its output"
+            elif fmt in FORMAT_HINTS:
+                hint = "; " + FORMAT_HINTS[fmt]
             raise RecipeError(
                 where, f"stages[{i}].from",
                 f"{spec.uses} takes {' or '.join(kind.accepts)}, but '{spec.source}' gives {fmt}{hint}",
             )
+        if kind.check_input is not None:
+            chain: list = []
+            ref = spec.source
+            while ref != MODEL_ID:
+                up = recipe.stage(ref)
+                chain.append((up.uses, up.config))
+                ref = up.source
+            chain.append((MODEL_ID, None))
+            problem = kind.check_input(chain)
+            if problem:
+                raise RecipeError(where, f"stages[{i}].from", f"{spec.uses} cannot take '{spec.source}': {problem}")
         for key, ref in spec.config.refs().items():
             fmt = output_format(ref)
             if fmt is not None and fmt not in kind.ref_accepts:
@@ -427,6 +475,24 @@ def _check_graph(recipe: Recipe, where: str) -> None:
                     where, f"stages[{i}].with.{key}",
                     f"{spec.uses} takes {' or '.join(kind.ref_accepts)} here, but '{ref}' gives {fmt}",
                 )
+
+    # Stage checks against the input model's config.json (e.g. a supported architecture),
+    # where it is at hand: today, for stages that take the recipe's model.
+    model_config: dict | None = None
+    for i, spec in enumerate(recipe.stages):
+        check = get_stage(spec.uses).check_model
+        if check is None or spec.source != MODEL_ID:
+            continue
+        if model_config is None:
+            from compress.sources import peek_model_config
+
+            model_config = peek_model_config(recipe.model, recipe.base_dir) or {}
+        problem = check(spec.config, model_config) if model_config else None
+        if problem:
+            key, _, message = problem.partition(": ")  # "KEY: why" names a config key
+            if key in type(spec.config).model_fields:
+                raise RecipeError(where, f"stages[{i}].with.{key}", message)
+            raise RecipeError(where, f"stages[{i}].uses", problem)
 
     base = recipe.budget.baseline
     if base != MODEL_ID and base not in index:

@@ -58,6 +58,14 @@ class StageKind:
     # Keys of the recipe's `budget` block that this stage reads: a change to them must
     # re-run the stage, so they enter its fingerprint.
     budget_keys: tuple[str, ...] = ()
+    # Optional validation against the config.json (as a dict) of the stage's input model,
+    # called by recipe validation when that file is at hand without running anything (the
+    # input is the recipe's model): returns a problem ("key: why") or None.
+    check_model: Callable[[StageConfig, dict], str | None] | None = None
+    # Optional check of the stages the input comes through, called by recipe validation
+    # with the `from` chain, nearest first, as (stage kind name, its config) pairs (the
+    # recipe's model ends it as ('model', None)): returns why the order is refused, or None.
+    check_input: Callable[[list[tuple[str, StageConfig | None]]], str | None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,5 +1,7 @@
 """Reports, all rendered from the one report.json: a terminal table, Markdown for a pull
-request, and the JSON itself for machines. `compress report RUN_DIR` re-renders them."""
+request, the JSON itself for machines, junit.xml for CI (compress/junit.py) and a
+self-contained report.html with plots (compress/html_report.py). `compress report RUN_DIR`
+re-renders them."""
 
 from __future__ import annotations
 
@@ -117,9 +119,15 @@ def markdown(report: dict) -> str:
 
 
 def write_reports(report: dict, run_dir: Path) -> None:
-    for name, text in ((REPORT_JSON, json.dumps(report, indent=1)), (REPORT_MD, markdown(report))):
+    """report.json, report.md, junit.xml and report.html, each written atomically (JSON
+    first: the other three are rendered from it and can be re-rendered by `compress report`)."""
+    from compress import html_report, junit
+
+    renders = ((REPORT_JSON, lambda: json.dumps(report, indent=1)), (REPORT_MD, lambda: markdown(report)),
+               (junit.JUNIT_XML, lambda: junit.junit_xml(report)), (html_report.REPORT_HTML, lambda: html_report.render(report)))
+    for name, render in renders:
         tmp = run_dir / (name + ".part")
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_text(render(), encoding="utf-8")
         tmp.rename(run_dir / name)
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 from compress import __version__
 from compress.artifacts import RESULT, Artifact, ArtifactStore, RunLock, digest
 from compress.console import log as default_log
-from compress.errors import StageError
+from compress.errors import ArtifactError, StageError
 from compress.recipe import BENCHMARKABLE, MODEL_ID, Recipe
 from compress.registry import get_stage
 
@@ -65,17 +65,32 @@ def run_recipe(
     force: tuple[str, ...] = (),
     log: Callable[[str], None] = default_log,
     threads: int | None = None,
-) -> dict:
-    """Runs everything and returns the report (also written to the run folder)."""
-    from compress.data import Data
-    from compress.sources import resolve_model
+    rebuild: bool = True,
+) -> dict | None:
+    """Runs everything and returns the report (also written to the run folder).
 
+    rebuild=False refuses to run a stage whose output is missing, stale or corrupt (for
+    CI that must use what was built). Under `accelerate launch` every process runs the
+    stages and only the main one writes (see compress/distributed.py); the others
+    return None once the stages are done.
+    """
+    from contextlib import nullcontext
+
+    from compress.data import Data
+    from compress.distributed import Processes
+    from compress.sources import check_model_folder, resolve_model
+
+    _quiet_libraries()
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
     run_dir = artifacts_root / recipe.name
-    with RunLock(run_dir):
+    procs = Processes()
+    if not procs.is_main:
+        log = _quiet()
+    with RunLock(run_dir) if procs.is_main else nullcontext():
         store = ArtifactStore(run_dir)
-        store.sweep()  # temporary folders of an interrupted run are never trusted
+        if procs.is_main:
+            store.sweep()  # temporary folders of an interrupted run are never trusted
         model = resolve_model(recipe.model, recipe.base_dir)
         log(f"model: {recipe.model.source} ({model.format}, {model.origin})")
         data = Data(recipe.data, recipe.base_dir)
@@ -84,40 +99,109 @@ def run_recipe(
         artifacts: dict[str, Artifact] = {MODEL_ID: Artifact(MODEL_ID, model.path, model.format, model.fingerprint)}
 
         threads = threads or recipe.benchmark.threads
-        device = _train_device()
+        device = procs.device or _train_device()
+        procs.share()  # the others start once the main process holds the lock and has swept
         stages_info: dict[str, dict] = {}
+        model_checked = False
         for sid in topo_order(recipe):
             spec = recipe.stage(sid)
             kind = get_stage(spec.uses)
             fp = stage_fingerprint(recipe, sid, artifacts, data.train_fingerprint)
-            cached = None if sid in force else store.load(sid, fp)
-            if cached is not None:
+            cached = None if sid in force or not procs.is_main else store.load(sid, fp)
+            _, why = (None, "") if cached is not None or not procs.is_main else store.check(sid, fp)
+            if procs.is_main and cached is None and not rebuild:
+                raise ArtifactError(
+                    f"[{sid}] {kind.name}: {'forced' if sid in force else why}; --no-rebuild forbids running "
+                    f"it (run without --no-rebuild to rebuild it)"
+                )
+            if procs.share(cached is not None):
+                cached = cached or _committed(store, sid, fp)
                 log(f"[{sid}] {kind.name}: up to date (reused)")
                 artifacts[sid] = cached
                 stages_info[sid] = {"uses": kind.name, "cached": True, "seconds": cached.result.get("seconds")}
                 continue
-            _, why = store.check(sid, fp)
             log(f"[{sid}] {kind.name}: running ({'forced' if sid in force else why})")
+            if not model_checked and MODEL_ID in (spec.source, *spec.config.refs().values()):
+                # Before the first stage that loads it: a broken model is a one-line error.
+                check_model_folder(model.path, recipe.model.trust_remote_code)
+                model_checked = True
             tmp = store.begin(sid)
             try:
                 ctx = _context(recipe, sid, artifacts, tmp, data, log, device, threads)
+                if not procs.is_main:  # derived data too stays with the main process
+                    ctx.cache_root = tmp / ".cache"
                 t0 = time.perf_counter()
                 result = kind.run(ctx)
                 seconds = time.perf_counter() - t0
                 if not isinstance(result, kind.result) or result.format != kind.produces:
                     raise StageError(f"{sid}: stage {kind.name} returned {type(result).__name__}, not its result type")
-                payload = result.model_dump(mode="json")
-                payload["seconds"] = round(seconds, 2)
-                (tmp / RESULT).write_text(_json(payload))
-                artifacts[sid] = store.commit(sid, tmp, fp, kind.produces, {"stage": kind.name})
+                _test_pause(sid)
+                if procs.is_main:
+                    payload = result.model_dump(mode="json")
+                    payload["seconds"] = round(seconds, 2)
+                    (tmp / RESULT).write_text(_json(payload))
+                    artifacts[sid] = store.commit(sid, tmp, fp, kind.produces, {"stage": kind.name})
             except BaseException:
                 store.discard(tmp)
                 raise
+            if not procs.is_main:
+                store.discard(tmp)
+            procs.share()  # the others wait for the commit, then read what was committed
+            if not procs.is_main:
+                artifacts[sid] = _committed(store, sid, fp)
             log(f"[{sid}] done in {seconds:.1f}s")
             stages_info[sid] = {"uses": kind.name, "cached": False, "seconds": round(seconds, 2)}
 
+        procs.close()  # no collective call after the stages: the benchmark is the main process's
+        if not procs.is_main:
+            return None
         report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads)
     return report
+
+
+def _quiet_libraries() -> None:
+    """Library chatter (\"newly initialized weights\", deprecation notices) is expected
+    here and drowns the run's own lines; COMPRESS_DEBUG=1 keeps it."""
+    import os
+    import warnings
+
+    if os.environ.get("COMPRESS_DEBUG", "") not in ("", "0"):
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _committed(store: ArtifactStore, sid: str, fp: str) -> Artifact:
+    """The main process's committed output, read by another process of the run."""
+    art = store.load(sid, fp)
+    if art is None:
+        raise ArtifactError(
+            f"{store.folder(sid)}: this process cannot see the output the main process committed; "
+            f"under a multi-machine launch --artifacts must be on a file system every machine shares"
+        )
+    return art
+
+
+def _quiet() -> Callable[[str], None]:
+    """Processes other than the main one print nothing (logs, progress, tables)."""
+    from compress import console
+
+    console.out.quiet = console.err.quiet = True
+    return lambda message: None
+
+
+def _test_pause(sid: str) -> None:
+    """Test hook: COMPRESS_TEST_PAUSE_IN=<stage id> holds the run after that stage wrote its
+    output but before the output is committed, so crash tests can kill it there."""
+    import os
+
+    if os.environ.get("COMPRESS_TEST_PAUSE_IN") == sid:
+        default_log(f"[{sid}] paused before commit (COMPRESS_TEST_PAUSE_IN)")
+        time.sleep(float(os.environ.get("COMPRESS_TEST_PAUSE_SECONDS", "600")))
 
 
 def _context(recipe, sid, artifacts, out, data, log, device, threads):

@@ -11,6 +11,8 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +34,12 @@ class ResolvedModel:
 
 
 def _package_dir(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", module):
+        raise ModelSourceError(f"model.source: 'package:{module}' does not name a Python module (package:MODULE)")
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        spec = None
     if spec is None or not spec.origin:
         raise ModelSourceError(
             f"model.source: package '{module}' is not installed; pip install it "
@@ -43,12 +50,14 @@ def _package_dir(module: str) -> Path:
         if (candidate / "config.json").is_file():
             return candidate
     # Packages that compute their path at import time.
-    mod = importlib.import_module(module)
-    getter = getattr(mod, "get_model_path", None)
-    if callable(getter):
-        path = Path(getter())
-        if (path / "config.json").is_file():
-            return path
+    try:
+        mod = importlib.import_module(module)
+        getter = getattr(mod, "get_model_path", None)
+        path = Path(getter()) if callable(getter) else None
+    except Exception as exc:  # an installed package whose import fails
+        raise ModelSourceError(f"model.source: package '{module}' fails to import ({exc.__class__.__name__}); reinstall it")
+    if path is not None and (path / "config.json").is_file():
+        return path
     raise ModelSourceError(f"model.source: package '{module}' holds no model folder with a config.json")
 
 
@@ -61,7 +70,7 @@ def _local_or_cached(spec: "ModelSpec", base_dir: Path) -> Path | None:
     src = spec.source
     if src.startswith("package:"):
         return _package_dir(src.split(":", 1)[1])
-    local = Path(src).expanduser()
+    local = expand_user(src)
     if not local.is_absolute():
         local = base_dir / local
     if local.is_dir():
@@ -76,6 +85,15 @@ def _local_or_cached(spec: "ModelSpec", base_dir: Path) -> Path | None:
         return None
 
 
+def expand_user(path: str) -> Path:
+    """Path.expanduser, except that `~name` of no known user stays as written (expanduser
+    raises RuntimeError there)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        return Path(path)
+
+
 def _looks_like_path(src: str) -> bool:
     return src.startswith((".", "/", "~")) or src.count("/") > 1 or os.sep in src and os.sep != "/"
 
@@ -87,7 +105,13 @@ def _format_of(folder: Path) -> str:
         raise ModelSourceError(f"model.source: '{folder}' has no config.json; is it a transformers model folder?")
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ModelSourceError(f"model.source: '{folder}/config.json' is not valid JSON")
+    except OSError as exc:
+        raise ModelSourceError(f"model.source: cannot read '{folder}/config.json' ({exc.strerror or exc.__class__.__name__})")
+    if not isinstance(config, dict):
+        raise ModelSourceError(f"model.source: '{folder}/config.json' is not a JSON object")
     archs = config.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ModelSourceError(f"model.source: '{folder}/config.json': 'architectures' is not a list of class names")
     return "hf" if any(a.endswith("ForSequenceClassification") for a in archs) else "checkpoint"
 
 
@@ -95,6 +119,16 @@ def peek_model_format(spec: "ModelSpec", base_dir: Path) -> str | None:
     """The model's format when it is at hand (no download), else None."""
     folder = _local_or_cached(spec, base_dir)
     return _format_of(folder) if folder else None
+
+
+def peek_model_config(spec: "ModelSpec", base_dir: Path) -> dict | None:
+    """The model's config.json as a dict when it is at hand (no download), else None."""
+    folder = _local_or_cached(spec, base_dir)
+    try:
+        config = json.loads((folder / "config.json").read_text()) if folder else None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def fingerprint_files(folder: Path, suffixes: tuple[str, ...] | None = None) -> str:
@@ -133,7 +167,105 @@ def resolve_model(spec: "ModelSpec", base_dir: Path) -> ResolvedModel:
                 f"({exc.__class__.__name__}); check the id and the network, or use a local folder"
             )
         origin = "hub"
-    elif origin == "local" and not Path(spec.source).expanduser().exists() and not (base_dir / spec.source).exists():
+    elif origin == "local" and not expand_user(spec.source).exists() and not (base_dir / spec.source).exists():
         origin = "hub cache"
     fmt = _format_of(folder)
     return ResolvedModel(folder, fmt, fingerprint_files(folder, WEIGHT_SUFFIXES), origin)
+
+
+# ---------------------------------------------------------------------------------------
+# Checking a model folder before a stage loads it: a broken model is a one-line error that
+# names the file, not a traceback from deep inside transformers.
+
+
+def safetensors_names(path: Path) -> list[str]:
+    """Tensor names of a safetensors file, after checking that its header parses and that
+    the file is as long as the header says (a truncated copy fails here). Reads the header
+    only. Raises ModelSourceError naming the file."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            (n,) = struct.unpack("<Q", head) if len(head) == 8 else (None,)
+            if n is None or n > min(size - 8, 100 << 20):
+                raise ValueError("no valid header")
+            header = json.loads(fh.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = 0
+        for v in tensors.values():
+            start, stop = v["data_offsets"]
+            if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
+                raise ValueError("bad tensor offsets")
+            end = max(end, stop)
+    except ModelSourceError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, struct.error) as exc:
+        raise ModelSourceError(f"{path}: not a readable safetensors file ({exc.__class__.__name__}: "
+                               f"{str(exc)[:120]}); replace it with a complete copy")
+    if 8 + n + end != size:
+        raise ModelSourceError(f"{path}: truncated or padded safetensors file ({size} bytes, header says "
+                               f"{8 + n + end}); replace it with a complete copy")
+    return list(tensors)
+
+
+def check_model_folder(folder: Path, trust_remote_code: bool = False) -> None:
+    """Checks that a model folder can be loaded as a text classifier: transformers reads
+    its config, the config's model type has a sequence-classification class, the weights
+    are complete and belong to that config, and the tokenizer loads. Raises
+    ModelSourceError naming the file. Nothing is unpickled."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+
+    cfg_file = folder / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # unknown model_type, bad values: transformers' own message
+        raise ModelSourceError(f"{cfg_file}: transformers cannot read it ({_first_line(exc)})")
+    remote = trust_remote_code and bool(getattr(config, "auto_map", None))
+    if not remote and type(config) not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING:
+        raise ModelSourceError(
+            f"{cfg_file}: model_type '{config.model_type}' has no sequence-classification model in "
+            f"transformers; use a text encoder (BERT, RoBERTa, MiniLM, DistilBERT, ...)"
+        )
+
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
+        if pickled:  # loading those means unpickling: never done with a user's file
+            raise ModelSourceError(
+                f"{folder / pickled[0]}: weights in a pickle format; compress loads safetensors only: convert them once "
+                f"where you trust the file (save_pretrained(folder, safe_serialization=True))"
+            )
+        raise ModelSourceError(f"{folder}: no weights (model.safetensors); is it a complete transformers model folder?")
+    names: set[str] = set()
+    for f in weights:
+        names.update(safetensors_names(f))
+    if not remote:
+        # The base model's parameters, built on the meta device (no memory, no init).
+        import torch
+
+        try:
+            with torch.device("meta"):
+                expected = set(AutoModel.from_config(config).state_dict())
+        except Exception as exc:  # values transformers accepted but cannot build
+            raise ModelSourceError(f"{cfg_file}: its settings do not build a model ({_first_line(exc)})")
+        prefix = getattr(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)], "base_model_prefix", "")
+        stripped = {n.split(".", 1)[1] if prefix and n.startswith(prefix + ".") else n for n in names}
+        found = len(expected & stripped)
+        if expected and found < len(expected) / 2:
+            raise ModelSourceError(
+                f"{weights[0]}: the weights do not match config.json (model_type '{config.model_type}'): "
+                f"{found} of {len(expected)} expected tensors found; is config.json from another model?"
+            )
+    try:
+        AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise ModelSourceError(f"{folder}: the tokenizer cannot be loaded ({_first_line(exc)}); "
+                               f"the folder needs its tokenizer files (tokenizer.json or vocab)")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else exc.__class__.__name__)[:200]

@@ -142,3 +142,69 @@ def cli(monkeypatch, capsys):
         return exc.value.code, captured.out, captured.err
 
     return _run
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier_4l(tmp_path_factory, tokenizer_dir) -> Path:
+    """A tiny 4-layer BertForSequenceClassification (random weights), a teacher for distill."""
+    import shutil
+
+    import torch
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(1)
+    d = tmp_path_factory.mktemp("clf4")
+    BertForSequenceClassification(tiny_config(num_hidden_layers=4)).save_pretrained(d)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, d)
+    return d
+
+
+def run_stage(model: Path, data: Path, out: Path, uses: str, settings: dict, *, cache_root: Path | None = None,
+              fingerprint: str = "input-fp", max_train_examples: int = 200):
+    """Runs one stage kind directly on `model` (no runner, no benchmark): returns its result.
+    Writes into `out` (created empty); the run cache goes to `cache_root` (default out/../cache)."""
+    import shutil
+
+    from compress.artifacts import Artifact
+    from compress.context import StageContext
+    from compress.data import Data
+    from compress.recipe import validate_recipe
+    from compress.registry import get_stage
+    from compress.sources import resolve_model
+
+    raw = tiny_recipe(model, data)
+    raw["data"]["max_train_examples"] = max_train_examples
+    raw["stages"] = [{"id": "stage", "uses": uses, "with": settings}]
+    raw["budget"] = {"baseline": "stage"}
+    recipe = validate_recipe(raw)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    dataset = Data(recipe.data, recipe.base_dir)
+    resolved = resolve_model(recipe.model, recipe.base_dir)
+    ctx = StageContext(
+        stage_id="stage", config=recipe.stage("stage").config,
+        input=Artifact("model", resolved.path, resolved.format, fingerprint), out=out, recipe=recipe,
+        _data=lambda: dataset, log=lambda m: None, threads=1,
+        cache_root=cache_root if cache_root is not None else out.parent / "cache",
+    )
+    return get_stage(uses).run(ctx)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip cleanly where no CUDA device is present."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    try:
+        import torch
+
+        has_cuda = bool(torch.cuda.is_available())
+    except Exception:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none present)")
+    for item in gpu_items:
+        item.add_marker(skip)

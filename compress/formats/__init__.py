@@ -17,13 +17,19 @@ import numpy as np
 LOADERS: dict[str, str] = {
     "hf": "compress.formats.hf:load",
     "torch_int8": "compress.formats.torch_int8:load",
+    "cascade": "compress.formats.cascade:load",
+    "onnx": "compress.formats.onnx:load",
+    "bnb_4bit": "compress.formats.bnb_4bit:load",
 }
+
+# Formats with no GPU kernels: benchmarked on the CPU only (a note says so on a GPU machine).
+CPU_ONLY = {"torch_int8": "torch dynamic INT8 has CUDA kernels for no layer"}
 
 # Files that are tokenizer or bookkeeping, not model: left out of "size on disk".
 NON_MODEL_FILES = {
     "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
     "merges.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model", "added_tokens.json",
-    "result.json", "_complete.json", "teacher_logits.npy", "README.md",
+    "result.json", "_complete.json", "ort_config.json", "teacher_logits.npy", "README.md",
 }
 
 

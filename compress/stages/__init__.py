@@ -3,11 +3,22 @@ framework at module level, so listing and validating stays fast."""
 
 from compress.registry import StageKind
 from compress.stages import finetune, quantize_dynamic
+from compress.stages import cascade
+from compress.stages import distill, prune, trim_vocab
+from compress.stages import export_onnx, load_4bit, optimize_onnx, quantize_onnx
 
 STAGES: dict[str, StageKind] = {
     kind.name: kind
     for kind in (
         finetune.KIND,
         quantize_dynamic.KIND,
+        cascade.KIND,
+        distill.KIND,
+        prune.KIND,
+        trim_vocab.KIND,
+        export_onnx.KIND,
+        optimize_onnx.KIND,
+        quantize_onnx.KIND,
+        load_4bit.KIND,
     )
 }

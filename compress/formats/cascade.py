@@ -1,0 +1,119 @@
+"""Cascades: a small variant answers the inputs it is confident about, a large one the rest.
+
+Folder layout (written by the `cascade` stage):
+    cascade.json   {"small": MEMBER, "large": MEMBER, "threshold": t, "calibration": {...}}
+                   MEMBER = {"stage": id, "format": fmt, "path": p}; p is relative to the
+                   run folder (the cascade folder's parent) for stage outputs, so the run
+                   folder can move, or absolute for the recipe's own model.
+
+The small model runs on the whole batch; the rows whose top softmax probability is below
+the threshold run again through the large model, and its logits replace the small one's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from compress.formats import Predictor, load_predictor
+
+SPEC_FILE = "cascade.json"
+
+
+def member_path(member: dict, cascade_folder: Path) -> Path:
+    p = Path(member["path"])
+    return p if p.is_absolute() else cascade_folder.parent / p
+
+
+def top_probability(logits: np.ndarray) -> np.ndarray:
+    """Largest softmax probability per row: logits [B, C] -> [B], in float64 so that
+    confident rows do not all round to exactly 1.0."""
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(axis=-1, keepdims=True)).max(axis=-1)
+
+
+def _member_inputs(pred: Predictor, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if pred.input_names is None:
+        return batch
+    return {k: v for k, v in batch.items() if k in pred.input_names}
+
+
+class CascadePredictor(Predictor):
+    """Runs `small` on the batch, then `large` on the rows with top probability < threshold."""
+
+    def __init__(self, path: Path, small: Predictor, large: Predictor, threshold: float):
+        super().__init__(path)
+        self.small, self.large, self.threshold = small, large, float(threshold)
+        self.tokenizer = small.tokenizer  # the stage checked that both share one vocabulary
+        self.device = small.device
+        names = (small.input_names, large.input_names)
+        # Inputs the cascade takes: everything when a member takes whatever it is given.
+        self.input_names = None if None in names else tuple(dict.fromkeys((*names[0], *names[1])))
+        devices = {getattr(m, "effective_device", m.device) for m in (small, large)}
+        if len(devices) == 1:
+            self.effective_device = devices.pop()
+        else:
+            self.effective_device = "+".join(sorted(devices))
+        self.notes = [f"small: {n}" for n in small.notes] + [f"large: {n}" for n in large.notes]
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        self._seen = 0
+        self._routed = 0
+
+    @property
+    def routed_share(self) -> float | None:
+        """Share of the rows seen since reset_counts() that went on to the large model."""
+        return self._routed / self._seen if self._seen else None
+
+    def route(self, small_logits: np.ndarray) -> np.ndarray:
+        """Rows [B] bool that go on to the large model."""
+        return top_probability(small_logits) < self.threshold
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        logits = np.array(self.small(_member_inputs(self.small, batch)), dtype=np.float32)  # [B, C]
+        rows = np.flatnonzero(self.route(logits))
+        self._seen += logits.shape[0]
+        self._routed += rows.size
+        if rows.size:
+            sub = {k: v[rows] for k, v in batch.items()}
+            if "attention_mask" in sub:  # drop the columns that are padding in every routed row
+                width = int(sub["attention_mask"].sum(axis=1).max())
+                sub = {k: v[:, :width] for k, v in sub.items()}
+            logits[rows] = self.large(_member_inputs(self.large, sub))
+        return logits
+
+    def sync(self) -> None:
+        self.small.sync()
+        self.large.sync()
+
+    def num_params(self) -> int:
+        return self.small.num_params() + self.large.num_params()
+
+    def model_files(self) -> list[Path]:
+        files = {p.resolve(): p for m in (self.small, self.large) for p in m.model_files()}
+        return list(files.values())
+
+    def memory_bytes(self) -> int | None:
+        small, large = self.small.memory_bytes(), self.large.memory_bytes()
+        return None if small is None or large is None else small + large
+
+
+def read_spec(path: Path) -> dict:
+    return json.loads((path / SPEC_FILE).read_text())
+
+
+def load(path: Path, device: str, threads: int, options: dict) -> CascadePredictor:
+    spec = read_spec(path)
+    members = []
+    for role in ("small", "large"):
+        m = spec[role]
+        where = member_path(m, path)
+        if not where.exists():
+            raise FileNotFoundError(f"cascade {role} member '{m.get('stage')}' is missing at {where}; re-run its stage")
+        members.append(load_predictor(m["format"], where, device, threads, options))
+    return CascadePredictor(path, members[0], members[1], spec["threshold"])

@@ -1,0 +1,196 @@
+"""`cascade`: tiered inference. The small variant (the `from` input) answers when its top
+softmax probability is at least a threshold; every other input goes to the large variant
+(`with.large`). The artifact is a small `cascade.json` naming both members, so nothing is
+copied (see formats/cascade.py).
+
+The threshold is chosen on a calibration slice of the training data (never the eval
+split): the lowest threshold, i.e. the largest share answered by the small model, whose
+calibration accuracy stays within `max_drop` of the large model's. The benchmark then
+measures the cascade for real on the eval split, like any other variant.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, NonNegativeFloat, PositiveInt
+
+from compress.registry import StageConfig, StageKind, StageResult
+
+MEMBER_FORMATS = ("hf", "torch_int8", "onnx", "bnb_4bit")
+
+
+class Config(StageConfig):
+    large: str = Field(
+        description="Stage id of the large variant that answers the inputs the small one "
+        "(the `from` input) is unsure about; `model` for the recipe's model when it is a classifier."
+    )
+    threshold: float | None = Field(
+        None, gt=0, le=1,
+        description="Top softmax probability at which the small variant answers. Default: "
+        "chosen on the calibration slice as the lowest threshold within `max_drop`.",
+    )
+    max_drop: NonNegativeFloat | None = Field(
+        None,
+        description="Calibration accuracy drop against the large variant allowed when choosing "
+        "the threshold, in points. Default: half of budget.max_accuracy_drop, leaving room "
+        "for the gap between calibration and eval data.",
+    )
+    calibration_examples: PositiveInt = Field(
+        1000, description="Training examples (outside the training subset) for choosing the threshold."
+    )
+    max_length: PositiveInt = Field(128, description="Tokens per calibration example.")
+    batch_size: PositiveInt = Field(64, description="Batch size of the calibration passes.")
+
+    def refs(self) -> dict[str, str]:
+        return {"large": self.large}
+
+
+class Result(StageResult):
+    small: dict  # {stage, format, path}
+    large: dict
+    threshold: float
+    calibration: dict  # accuracies and the small model's share on the calibration slice
+
+
+def choose_threshold(
+    confidence, small_correct, large_correct, max_drop: float
+) -> tuple[float, dict]:
+    """The lowest threshold t (the small model answers rows with confidence >= t) whose
+    accuracy is within `max_drop` points of the large model's. Arrays [N]. Accuracy is not
+    monotone in t, so every distinct confidence is tried. Returns (t, figures)."""
+    import numpy as np
+
+    conf = np.asarray(confidence, dtype=np.float64)
+    small_c = np.asarray(small_correct, dtype=bool)
+    large_c = np.asarray(large_correct, dtype=bool)
+    large_acc = float(large_c.mean() * 100)
+    # Descending confidences: taking the first k rows for the small model means t = conf[k-1].
+    order = np.argsort(-conf, kind="stable")
+    conf_sorted, s, l = conf[order], small_c[order], large_c[order]
+    n = len(conf)
+    # accuracy when the k most confident rows go to the small model, k = 0..N:
+    # (small correct among the first k + large correct among the rest) / N.
+    acc = (np.concatenate([[0], np.cumsum(s)]) + np.concatenate([[l.sum()], l.sum() - np.cumsum(l)])) / n * 100
+    # A threshold only separates rows of different confidence: k must end a run of ties.
+    valid = np.concatenate([[True], np.r_[conf_sorted[1:] < conf_sorted[:-1], True]])
+    ok = np.flatnonzero(valid & (large_acc - acc <= max_drop + 1e-9))
+    k = int(ok.max())  # k = 0 (everything to the large model) is always within the budget
+    # k = 0: just above the highest calibration confidence, so the large model answers all of them.
+    t = float(conf_sorted[k - 1]) if k > 0 else float(np.nextafter(conf_sorted[0], np.inf))
+    curve = []
+    for q in np.linspace(0, n, 11).round().astype(int):  # the trade-off at 0%, 10%, ... small share
+        q = int(q)
+        curve.append({"small_share": q / n, "accuracy": float(acc[q])})
+    return t, {
+        "large_accuracy": large_acc,
+        "small_accuracy": float(small_c.mean() * 100),
+        "cascade_accuracy": float(acc[k]),
+        "small_share": k / n,
+        "target_drop": max_drop,
+        "curve": curve,
+    }
+
+
+def _logits(pred, split, max_length: int, batch_size: int):
+    """Logits [N, C] of a loaded Predictor over a split, in length-sorted padded batches."""
+    import numpy as np
+
+    from compress.train import length_sorted_batches
+
+    tok = pred.tokenizer
+    enc = tok(split.texts, split.pairs, truncation=True, max_length=max_length)
+    keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
+    if pred.input_names is not None:
+        keys = [k for k in keys if k in pred.input_names]
+    lengths = np.array([len(x) for x in enc["input_ids"]])
+    out = None
+    for idx in length_sorted_batches(lengths, batch_size):
+        padded = tok.pad([{k: enc[k][i] for k in keys} for i in idx], return_tensors="np")
+        logits = np.asarray(pred({k: np.asarray(padded[k], dtype=np.int64) for k in keys}))
+        if out is None:
+            out = np.zeros((len(lengths), logits.shape[-1]), dtype=np.float32)
+        out[idx] = logits
+    return out
+
+
+def _member(art) -> dict:
+    from compress.recipe import MODEL_ID
+
+    # Stage outputs live in the run folder under their id: stored relative to it, so the
+    # run folder stays valid when moved. The recipe's model lives elsewhere: absolute.
+    path = str(art.path.resolve()) if art.id == MODEL_ID else art.id
+    return {"stage": art.id, "format": art.format, "path": path}
+
+
+def run(ctx) -> Result:
+    import json
+
+    from compress.errors import StageError
+    from compress.formats import load_predictor
+    from compress.formats.cascade import SPEC_FILE, top_probability
+
+    cfg: Config = ctx.config
+    small_art, large_art = ctx.input, ctx.refs["large"]
+    if small_art.id == large_art.id:
+        raise StageError(f"{ctx.stage_id}: with.large names the same stage as from ('{small_art.id}'); "
+                         f"choose a larger variant")
+    if cfg.threshold is not None and cfg.max_drop is not None:
+        ctx.log("  with.threshold is set: with.max_drop is not used")
+
+    preds = {}
+    for role, art in (("small", small_art), ("large", large_art)):
+        # torch INT8 has CPU kernels only; the other formats calibrate where training runs.
+        device = "cpu" if art.format == "torch_int8" else ctx.device
+        try:
+            preds[role] = load_predictor(art.format, art.path, device, ctx.threads)
+        except Exception as exc:
+            raise StageError(f"{ctx.stage_id}: cannot load the {role} variant '{art.id}' ({art.format}) on "
+                             f"{device}: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    small, large = preds["small"], preds["large"]
+    # The benchmark tokenises once, with the small variant's tokenizer, for both members.
+    if small.tokenizer.get_vocab() != large.tokenizer.get_vocab():
+        raise StageError(f"{ctx.stage_id}: '{small_art.id}' and '{large_art.id}' use different vocabularies; "
+                         f"a cascade needs both members to share one tokenizer")
+
+    calib = ctx.data.calibration(cfg.calibration_examples)
+    small_logits = _logits(small, calib, cfg.max_length, cfg.batch_size)  # [N, C]
+    large_logits = _logits(large, calib, cfg.max_length, cfg.batch_size)  # [N, C]
+    conf = top_probability(small_logits)
+    small_correct = small_logits.argmax(-1) == calib.labels
+    large_correct = large_logits.argmax(-1) == calib.labels
+    target = cfg.max_drop if cfg.max_drop is not None else ctx.budget.max_accuracy_drop / 2
+    threshold, calibration = choose_threshold(conf, small_correct, large_correct, target)
+    if cfg.threshold is not None:  # fixed in the recipe: report what it does on calibration
+        threshold = cfg.threshold
+        answered = conf >= threshold
+        calibration.update({
+            "cascade_accuracy": float(((answered & small_correct) | (~answered & large_correct)).mean() * 100),
+            "small_share": float(answered.mean()), "target_drop": None,
+        })
+    calibration.update({"examples": int(len(calib)), "threshold_from": "config" if cfg.threshold is not None else "calibration"})
+    ctx.log(f"  calibration ({len(calib)} ex): small {calibration['small_accuracy']:.2f}, large "
+            f"{calibration['large_accuracy']:.2f}, cascade {calibration['cascade_accuracy']:.2f} with "
+            f"{calibration['small_share']:.0%} answered by '{small_art.id}' (threshold {threshold:.4f})")
+
+    notes = []
+    if calibration["small_share"] == 0:
+        notes.append(f"the small variant answers no calibration input within the drop of {target:.2f} points; "
+                     f"every input goes to '{large_art.id}'")
+    spec = {"small": _member(small_art), "large": _member(large_art), "threshold": threshold,
+            "calibration": calibration}
+    (ctx.out / SPEC_FILE).write_text(json.dumps(spec, indent=1))
+    return Result(format="cascade", small=spec["small"], large=spec["large"], threshold=threshold,
+                  calibration=calibration, notes=notes)
+
+
+KIND = StageKind(
+    name="cascade",
+    summary="Tiered inference: a small variant answers when confident, a large one the rest "
+    "(threshold chosen on calibration data).",
+    config=Config,
+    result=Result,
+    run=run,
+    accepts=MEMBER_FORMATS,
+    produces="cascade",
+    ref_accepts=MEMBER_FORMATS,
+    budget_keys=("max_accuracy_drop",),
+)

@@ -1,0 +1,321 @@
+"""`prune`: structured pruning of attention heads and FFN neurons, removed physically.
+
+Importance (`importance`):
+- `gradient`: Michel et al. 2019, "Are Sixteen Heads Really Better than One?": a mask of
+  ones multiplies every head's output (and every FFN neuron's activation); the importance
+  of a head or neuron is |d loss / d mask| summed over `importance_examples` training
+  examples (cross-entropy on the labels, dropout off). This is the first-order estimate of
+  the loss change when the unit is removed.
+- `magnitude`: the L2 norm of the unit's weights (a head's query/key/value rows and
+  output-projection columns; a neuron's input row and output column). No data needed.
+
+Heads: `heads` is the fraction removed, ranked over all layers (`scope: global`, with
+each layer's scores divided by their L2 norm first, as Michel et al. do, so that layers
+with large gradients do not lose nothing) or within each layer (`scope: per_layer`). A
+layer always keeps at least one head. Removal goes through transformers' `prune_heads`,
+which shrinks the query/key/value/output matrices and records `pruned_heads` in the
+config, so `from_pretrained` rebuilds the right shapes.
+
+FFN: `ffn` is the fraction of intermediate neurons removed from every layer, the same
+number in each layer (chosen per layer by importance): the config's single
+`intermediate_size` must describe every layer for the saved model to reload, so a global
+ranking with uneven widths is not offered.
+
+`recovery: true` then fine-tunes the pruned model briefly with distillation from the
+unpruned input (the distill stage's loss and cached teacher logits).
+
+Architectures: BERT-family encoders (BERT, MiniLM and other `bert` models, RoBERTa,
+DistilBERT); others are refused at validation when the model's config.json is at hand,
+else when the stage starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field, PositiveInt
+
+from compress.registry import StageKind, StageResult
+from compress.stages.distill import DistillSettings
+
+
+@dataclass(frozen=True)
+class Arch:
+    """Where the prunable parts of one layer are (dotted paths from a layer module)."""
+
+    qkv: tuple[str, str, str]  # query, key, value projections [heads*d, hidden]
+    attn_out: str  # output projection [hidden, heads*d]
+    ffn_in: str  # [intermediate, hidden]
+    ffn_out: str  # [hidden, intermediate]
+    width_key: str  # config key of the intermediate width
+
+
+_BERT = Arch(("attention.self.query", "attention.self.key", "attention.self.value"),
+             "attention.output.dense", "intermediate.dense", "output.dense", "intermediate_size")
+ARCHS: dict[str, Arch] = {
+    "bert": _BERT,
+    "roberta": _BERT,
+    "distilbert": Arch(("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+                       "attention.out_lin", "ffn.lin1", "ffn.lin2", "hidden_dim"),
+}
+
+
+class Config(DistillSettings):
+    """Structured pruning; the training fields (epochs, lr, ...) and distillation fields
+    (temperature, alpha, ...) apply to the recovery fine-tune."""
+
+    heads: float = Field(0.5, ge=0, lt=1, description="Fraction of attention heads removed (0 keeps all).")
+    ffn: float = Field(0.5, ge=0, lt=1, description="Fraction of FFN intermediate neurons removed from every layer.")
+    scope: Literal["global", "per_layer"] = Field(
+        "global",
+        description="Rank heads over all layers (each layer's scores normalised) or remove the same "
+        "fraction in every layer. FFN neurons are always removed evenly per layer.",
+    )
+    importance: Literal["gradient", "magnitude"] = Field(
+        "gradient", description="|d loss / d mask| over training examples (Michel et al. 2019), or weight norms."
+    )
+    importance_examples: PositiveInt = Field(256, description="Training examples for `gradient` importance.")
+    recovery: bool = Field(
+        True, description="Fine-tune after pruning, distilling from the unpruned input (see the training fields)."
+    )
+
+
+class Result(StageResult):
+    heads_before: int
+    heads_after: int
+    pruned_heads: dict[int, list[int]]  # layer -> original head indices removed (all pruning so far)
+    ffn_before: int
+    ffn_after: int
+    params_before: int
+    params_after: int
+    importance: str
+    recovery: dict | None  # training stats and teacher cache, when recovery ran
+
+
+def check_model(cfg: Config, model_config: dict) -> str | None:
+    mt = model_config.get("model_type")
+    if mt not in ARCHS:
+        return f"prune supports model types {', '.join(sorted(ARCHS))}; this model is '{mt}'"
+    return None
+
+
+def _get(module, path: str):
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _set(module, path: str, value) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(_get(module, parent) if parent else module, name, value)
+
+
+def head_dim(model) -> int:
+    return model.config.hidden_size // model.config.num_attention_heads
+
+
+def current_heads(model, layer: int) -> list[int]:
+    """Original indices of the heads layer `layer` still has, in weight order."""
+    gone = set(model.config.pruned_heads.get(layer, []))
+    return [h for h in range(model.config.num_attention_heads) if h not in gone]
+
+
+def importance_scores(model, arch: Arch, method: str, batches=()):
+    """Head scores [per layer: tensor [heads now]] and FFN scores [per layer: tensor [width]].
+
+    `batches`: padded training batches (dicts of tensors incl. labels) for `gradient`.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from compress.stages.distill import layer_list
+
+    layers = layer_list(model)
+    d = head_dim(model)
+    if method == "magnitude":
+        heads, ffn = [], []
+        for layer in layers:
+            qkv = torch.stack([_get(layer, p).weight.detach().view(-1, d, layer_hidden(layer, arch)) for p in arch.qkv])
+            out = _get(layer, arch.attn_out).weight.detach()  # [hidden, h*d]
+            out = out.view(out.shape[0], -1, d).transpose(0, 1)  # [h, hidden, d]
+            heads.append((qkv.pow(2).sum(dim=(0, 2, 3)) + out.pow(2).sum(dim=(1, 2))).sqrt())
+            w_in = _get(layer, arch.ffn_in).weight.detach()  # [I, hidden]
+            w_out = _get(layer, arch.ffn_out).weight.detach()  # [hidden, I]
+            ffn.append((w_in.pow(2).sum(1) + w_out.pow(2).sum(0)).sqrt())
+        return heads, ffn
+
+    # gradient: masks of ones on each head's context vector and each neuron's activation
+    head_masks = [torch.ones(_get(l, arch.attn_out).in_features // d, requires_grad=True) for l in layers]
+    ffn_masks = [torch.ones(_get(l, arch.ffn_out).in_features, requires_grad=True) for l in layers]
+    hooks = []
+    for layer, hm, fm in zip(layers, head_masks, ffn_masks):
+        # The output projection's input is the heads' contexts side by side [B, T, h*d].
+        hooks.append(_get(layer, arch.attn_out).register_forward_pre_hook(
+            lambda mod, args, m=hm: (args[0] * m.repeat_interleave(d).to(args[0].dtype),)))
+        # The FFN output projection's input is the neuron activations [B, T, I].
+        hooks.append(_get(layer, arch.ffn_out).register_forward_pre_hook(
+            lambda mod, args, m=fm: (args[0] * m.to(args[0].dtype),)))
+    heads = [torch.zeros_like(m) for m in head_masks]
+    ffn = [torch.zeros_like(m) for m in ffn_masks]
+    was_training = model.training
+    model.eval()  # no dropout: the scores describe the deployed network
+    try:
+        for batch in batches:
+            inputs = {k: v for k, v in batch.items() if k not in ("labels", "idx")}
+            loss = F.cross_entropy(model(**inputs).logits, batch["labels"])
+            grads = torch.autograd.grad(loss, head_masks + ffn_masks)
+            for acc, g in zip(heads + ffn, grads):
+                acc += g.abs()
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return heads, ffn
+
+
+def layer_hidden(layer, arch: Arch) -> int:
+    return _get(layer, arch.qkv[0]).in_features
+
+
+def choose_heads(scores, fraction: float, scope: str) -> list[list[int]]:
+    """Positions (in current weight order) of heads to remove per layer; never a layer's last."""
+    import torch
+
+    counts = [len(s) for s in scores]
+    if scope == "per_layer":
+        out = []
+        for s in scores:
+            k = min(round(fraction * len(s)), len(s) - 1)
+            out.append(sorted(torch.argsort(s, stable=True)[:k].tolist()))
+        return out
+    # global: Michel et al. normalise each layer's scores by their L2 norm
+    norm = [s / s.norm().clamp_min(1e-20) for s in scores]
+    flat = sorted(((float(v), li, hi) for li, s in enumerate(norm) for hi, v in enumerate(s.tolist())))
+    target = round(fraction * sum(counts))
+    out: list[list[int]] = [[] for _ in scores]
+    for _, li, hi in flat:
+        if sum(map(len, out)) >= target:
+            break
+        if counts[li] - len(out[li]) > 1:
+            out[li].append(hi)
+    return [sorted(o) for o in out]
+
+
+def choose_neurons(scores, fraction: float) -> list[list[int]]:
+    """Neurons to keep per layer (sorted), the same count in every layer."""
+    import torch
+
+    width = len(scores[0])
+    keep = width - min(round(fraction * width), width - 1)
+    return [sorted(torch.argsort(s, descending=True, stable=True)[:keep].tolist()) for s in scores]
+
+
+def apply_pruning(model, arch: Arch, remove_heads: list[list[int]], keep_neurons: list[list[int]]) -> None:
+    """Physically removes heads (positions in current weight order) and keeps only the given
+    FFN neurons in every layer (uniform width)."""
+    import torch
+    from transformers.pytorch_utils import prune_linear_layer
+
+    from compress.stages.distill import layer_list
+
+    plan = {}
+    for li, pos in enumerate(remove_heads):
+        if pos:
+            now = current_heads(model, li)
+            plan[li] = [now[p] for p in pos]  # transformers wants original head indices
+    if plan:
+        model.prune_heads(plan)  # updates config.pruned_heads too
+    widths = {len(k) for k in keep_neurons}
+    assert len(widths) == 1, "FFN widths must be uniform"
+    for layer, keep in zip(layer_list(model), keep_neurons):
+        index = torch.tensor(keep, dtype=torch.long)
+        _set(layer, arch.ffn_in, prune_linear_layer(_get(layer, arch.ffn_in), index, dim=0))
+        _set(layer, arch.ffn_out, prune_linear_layer(_get(layer, arch.ffn_out), index, dim=1))
+    setattr(model.config, arch.width_key, widths.pop())
+
+
+def total_heads(model) -> int:
+    return sum(len(current_heads(model, i)) for i in range(model.config.num_hidden_layers))
+
+
+def run(ctx) -> Result:
+    import torch
+    from transformers import AutoTokenizer
+
+    from compress.errors import StageError
+    from compress.formats import hf
+    from compress.stages.distill import cached_teacher_logits, distill_loss
+    from compress.train import collate, encode, length_sorted_batches, set_seed, train, unwrap
+
+    cfg: Config = ctx.config
+    torch.set_num_threads(ctx.threads)
+    set_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
+    model = hf.load_model(ctx.input.path).to(ctx.device)
+    problem = check_model(cfg, model.config.to_dict())
+    if problem:
+        raise StageError(f"{ctx.stage_id}: {problem}")
+    arch = ARCHS[model.config.model_type]
+    heads_before, ffn_before = total_heads(model), getattr(model.config, arch.width_key)
+    params_before = sum(p.numel() for p in model.parameters())
+
+    batches = []
+    if cfg.importance == "gradient":
+        sub = ctx.data.train.select(range(min(cfg.importance_examples, len(ctx.data.train))))
+        enc = encode(tokenizer, sub, cfg.max_length)
+        pad = collate(tokenizer)
+        for idx in length_sorted_batches(enc.lengths, 32):
+            b = pad([{k: v for k, v in enc.features[i].items() if k != "idx"} for i in idx])
+            batches.append({k: v.to(ctx.device) for k, v in b.items()})
+    head_scores, ffn_scores = importance_scores(model, arch, cfg.importance, batches)
+    remove = choose_heads(head_scores, cfg.heads, cfg.scope)
+    keep = choose_neurons(ffn_scores, cfg.ffn)
+    apply_pruning(model, arch, remove, keep)
+    heads_after, ffn_after = total_heads(model), getattr(model.config, arch.width_key)
+    ctx.log(f"  heads {heads_before} -> {heads_after}, FFN width {ffn_before} -> {ffn_after} ({cfg.importance} importance)")
+
+    recovery = None
+    if cfg.recovery:
+        teacher = hf.load_model(ctx.input.path).eval().to(ctx.device)
+        data = encode(tokenizer, ctx.data.train, cfg.max_length)
+        logits, cache = cached_teacher_logits(
+            ctx, teacher, tokenizer, data, ctx.input.fingerprint, cfg.max_length, cfg.teacher_batch_size
+        )
+        n_layers = model.config.num_hidden_layers
+        if cfg.hidden_weight == 0:
+            teacher = None
+        loss_fn = distill_loss(torch.from_numpy(logits), cfg, teacher, [(i, i) for i in range(n_layers)])
+        stats = train(ctx, model, tokenizer, data, cfg, loss_fn, description=f"{ctx.stage_id}: recovery")
+        model = unwrap(model)
+        ctx.log(f"  recovery: {stats.examples} examples in {stats.seconds:.0f}s ({stats.examples_per_s:.0f} ex/s)")
+        recovery = {"train": stats.as_dict(), "teacher_cache": cache}
+
+    model.eval()
+    model.save_pretrained(ctx.out, safe_serialization=True)
+    tokenizer.save_pretrained(ctx.out)
+    return Result(
+        format="hf",
+        heads_before=heads_before,
+        heads_after=heads_after,
+        pruned_heads={int(k): sorted(v) for k, v in model.config.pruned_heads.items()},
+        ffn_before=ffn_before,
+        ffn_after=ffn_after,
+        params_before=params_before,
+        params_after=sum(p.numel() for p in model.parameters()),
+        importance=cfg.importance,
+        recovery=recovery,
+    )
+
+
+KIND = StageKind(
+    name="prune",
+    summary="Structured pruning of attention heads and FFN neurons (Michel et al. importance), "
+    "physically removed, with optional distillation recovery.",
+    config=Config,
+    result=Result,
+    run=run,
+    accepts=("hf",),
+    produces="hf",
+    check_model=check_model,
+)

@@ -1,0 +1,231 @@
+"""`trim_vocab`: drop the vocabulary entries the task never uses, with their embedding rows.
+
+For small encoders the word-embedding matrix is a large share of the model (MiniLM-L6:
+11.7M of 22.7M parameters, 30522 x 384). The tokens kept are those that occur in the
+training corpus (`corpus`: the whole training split or the training subset) at least
+`min_count` times, every special and added token, and the `keep` list. Token ids are
+renumbered in their old order; the tokenizer's vocabulary and the embedding rows are cut
+to match, and both are saved so that `from_pretrained` loads them.
+
+Only WordPiece fast tokenizers (BERT, MiniLM, DistilBERT, ...) are supported: WordPiece
+matches the longest known piece first, so every word of the corpus tokenizes exactly as
+before, while a word whose pieces are gone becomes [UNK] (its share of the eval tokens
+is reported). BPE and unigram vocabularies cannot simply lose entries (merges and
+segmentations depend on them) and are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt
+
+from compress.registry import StageConfig, StageKind, StageResult
+
+
+class Config(StageConfig):
+    corpus: Literal["train_full", "train"] = Field(
+        "train_full",
+        description="Text whose tokens are kept: the whole training split (`train_full`) or only the "
+        "training subset (`train`, data.max_train_examples). The eval split is never used.",
+    )
+    min_count: PositiveInt = Field(1, description="Keep a token only if it occurs at least this often.")
+    keep: list[str] = Field(
+        default_factory=list,
+        description="Tokens (vocabulary entries) or words always kept; a word keeps the pieces it tokenizes into.",
+    )
+    keep_characters: bool = Field(
+        False,
+        description="Also keep every single-character token (and its `##` form), so that unseen words "
+        "split into characters instead of becoming [UNK] (about 2000 more rows for BERT vocabularies).",
+    )
+    keep_top: NonNegativeInt = Field(
+        0,
+        description="Also keep the first N entries of the original vocabulary, bracketed placeholders "
+        "such as [unused0] aside. BERT-style vocab.txt files list characters, then whole words roughly by "
+        "frequency, so this keeps the commonest words that the corpus happens to lack: eval words then "
+        "keep their own embedding instead of being split into other pieces.",
+    )
+    self_check_examples: PositiveInt = Field(
+        2000, description="Training texts re-tokenized with the new tokenizer to verify ids map one to one."
+    )
+
+
+class Result(StageResult):
+    vocab_before: int
+    vocab_after: int
+    params_before: int
+    params_after: int
+    corpus: str
+    corpus_tokens: int
+    eval_tokens: int
+    eval_tokens_dropped: float  # share of eval tokens (old tokenizer) whose entry was dropped: re-split or [UNK]
+    eval_examples_changed: float  # share of eval examples whose tokenization changed
+    eval_unk_before: float  # share of [UNK] among eval tokens, old tokenizer
+    eval_unk_after: float  # the same with the trimmed tokenizer: the rise is the share that became [UNK]
+
+
+def _remap_ids(node, new_id: dict[str, int]):
+    """Rewrites token ids inside a tokenizer.json post-processor (TemplateProcessing's
+    special_tokens {ids, tokens}; BertProcessing's ["[SEP]", 102] pairs; Sequence)."""
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            if k == "ids" and "tokens" in node:
+                out[k] = [new_id[t] for t in node["tokens"]]
+            elif k in ("sep", "cls") and isinstance(v, list) and len(v) == 2 and isinstance(v[0], str):
+                out[k] = [v[0], new_id[v[0]]]
+            else:
+                out[k] = _remap_ids(v, new_id)
+        return out
+    if isinstance(node, list):
+        return [_remap_ids(v, new_id) for v in node]
+    return node
+
+
+def trimmed_tokenizer(tok, keep_ids: list[int]):
+    """A fast tokenizer of the same class whose vocabulary is `keep_ids` (old ids, sorted),
+    renumbered 0..len-1 in that order."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    old_vocab = spec["model"]["vocab"]  # token -> old id
+    by_id = {i: t for t, i in old_vocab.items()}
+    for added in spec.get("added_tokens", []):
+        by_id.setdefault(added["id"], added["content"])
+    new_id = {by_id[i]: n for n, i in enumerate(keep_ids)}
+    spec["model"]["vocab"] = new_id
+    for added in spec.get("added_tokens", []):
+        added["id"] = new_id[added["content"]]
+    if spec.get("post_processor"):
+        spec["post_processor"] = _remap_ids(spec["post_processor"], new_id)
+    if spec.get("padding") and spec["padding"].get("pad_token") in new_id:
+        spec["padding"]["pad_id"] = new_id[spec["padding"]["pad_token"]]
+    # The ids of added tokens are read from the backend; the old table would contradict it.
+    kwargs = {k: v for k, v in tok.init_kwargs.items()
+              if k not in ("added_tokens_decoder", "vocab_file", "tokenizer_file", "name_or_path", "tokenizer_object")}
+    return type(tok)(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), **kwargs)
+
+
+def _token_lists(tok, split, **kw) -> list[list[int]]:
+    return tok(split.texts, split.pairs, add_special_tokens=False, **kw)["input_ids"]
+
+
+def run(ctx) -> Result:
+    import json
+    import tempfile
+    from collections import Counter
+
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    from compress.errors import StageError
+    from compress.formats import hf
+
+    cfg: Config = ctx.config
+    torch.set_num_threads(ctx.threads)
+    tok = AutoTokenizer.from_pretrained(ctx.input.path)
+    model_type = json.loads(tok.backend_tokenizer.to_str())["model"]["type"] if tok.is_fast else None
+    if model_type != "WordPiece":
+        raise StageError(
+            f"{ctx.stage_id}: trim_vocab supports WordPiece fast tokenizers only (this one: "
+            f"{model_type or 'a slow tokenizer'}); remove the stage for this model"
+        )
+    model = hf.load_model(ctx.input.path).eval()
+    if model.get_output_embeddings() is not None:
+        raise StageError(f"{ctx.stage_id}: the model ties its embeddings to an output layer; trim_vocab cannot cut it")
+    params_before = sum(p.numel() for p in model.parameters())
+    vocab_before = len(tok)
+
+    split = ctx.data.train_full if cfg.corpus == "train_full" else ctx.data.train
+    counts: Counter = Counter()
+    for ids in _token_lists(tok, split):
+        counts.update(ids)
+    keep = {i for i, c in counts.items() if c >= cfg.min_count}
+    keep |= set(tok.all_special_ids) | set(tok.added_tokens_decoder)
+    vocab = tok.get_vocab()
+    for item in cfg.keep:
+        keep |= {vocab[item]} if item in vocab else set(tok(item, add_special_tokens=False)["input_ids"])
+    if cfg.keep_top:
+        ordered = sorted((i, t) for t, i in vocab.items() if not (t.startswith("[") and t.endswith("]")))
+        keep |= {i for i, _ in ordered[: cfg.keep_top]}
+    if cfg.keep_characters:
+        keep |= {i for t, i in vocab.items() if len(t) == 1 or (t.startswith("##") and len(t) == 3)}
+    keep_ids = sorted(keep)
+    remap = np.full(max(vocab.values()) + 1, -1, dtype=np.int64)  # old id -> new id (-1: dropped)
+    remap[keep_ids] = np.arange(len(keep_ids))
+
+    new_tok = trimmed_tokenizer(tok, keep_ids)
+    with tempfile.TemporaryDirectory() as tmp:  # check what will be loaded, not the object in memory
+        new_tok.save_pretrained(tmp)
+        new_tok = AutoTokenizer.from_pretrained(tmp)
+    sample = split.select(range(min(cfg.self_check_examples, len(split))))
+    for old_ids, new_ids in zip(_token_lists(tok, sample), _token_lists(new_tok, sample)):
+        if remap[old_ids].tolist() != new_ids:  # corpus words must tokenize exactly as before
+            raise StageError(f"{ctx.stage_id}: the trimmed tokenizer splits corpus text differently; this is a bug")
+
+    # Embedding rows follow the tokens: new row n is old row keep_ids[n].  [V_new, H]
+    old_emb = model.get_input_embeddings()
+    pad = old_emb.padding_idx
+    new_emb = torch.nn.Embedding(len(keep_ids), old_emb.embedding_dim,
+                                 padding_idx=int(remap[pad]) if pad is not None else None)
+    with torch.no_grad():
+        new_emb.weight.copy_(old_emb.weight[torch.tensor(keep_ids)])
+    model.set_input_embeddings(new_emb)
+    model.config.vocab_size = len(keep_ids)
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id"):
+        old = getattr(model.config, key, None)
+        if isinstance(old, int) and 0 <= old < len(remap):
+            setattr(model.config, key, int(remap[old]) if remap[old] >= 0 else None)
+    model.save_pretrained(ctx.out, safe_serialization=True)
+    new_tok.save_pretrained(ctx.out)
+
+    # Coverage on the eval split (measured, never used for choosing tokens).
+    old_eval = _token_lists(tok, ctx.data.eval)
+    new_eval = _token_lists(new_tok, ctx.data.eval)
+    flat_old = np.concatenate([np.asarray(x, dtype=np.int64) for x in old_eval]) if old_eval else np.zeros(0, np.int64)
+    n_old = max(len(flat_old), 1)
+    n_new = max(sum(len(x) for x in new_eval), 1)
+    dropped = float((remap[flat_old] < 0).sum() / n_old)
+    changed = float(np.mean([remap[o].tolist() != n for o, n in zip(old_eval, new_eval)])) if old_eval else 0.0
+    unk_before = float((flat_old == tok.unk_token_id).sum() / n_old)
+    unk_after = float(sum(x.count(new_tok.unk_token_id) for x in new_eval) / n_new)
+    params_after = sum(p.numel() for p in model.parameters())
+    ctx.log(
+        f"  vocabulary {vocab_before} -> {len(new_tok)}, parameters {params_before / 1e6:.1f}M -> "
+        f"{params_after / 1e6:.1f}M; eval tokens dropped {dropped:.2%} (re-split or [UNK]), [UNK] "
+        f"{unk_before:.2%} -> {unk_after:.2%}"
+    )
+    notes = []
+    if dropped > 0.01:
+        notes.append(f"{dropped:.1%} of eval tokens lost their vocabulary entry (re-split or [UNK]); "
+                     f"consider corpus: train_full or a larger keep_top")
+    return Result(
+        format="hf",
+        vocab_before=vocab_before,
+        vocab_after=len(new_tok),
+        params_before=params_before,
+        params_after=params_after,
+        corpus=cfg.corpus,
+        corpus_tokens=int(sum(counts.values())),
+        eval_tokens=int(len(flat_old)),
+        eval_tokens_dropped=round(dropped, 6),
+        eval_examples_changed=round(changed, 6),
+        eval_unk_before=round(unk_before, 6),
+        eval_unk_after=round(unk_after, 6),
+        notes=notes,
+    )
+
+
+KIND = StageKind(
+    name="trim_vocab",
+    summary="Keep only the vocabulary the training corpus uses (WordPiece), cutting the embedding matrix.",
+    config=Config,
+    result=Result,
+    run=run,
+    accepts=("hf",),
+    produces="hf",
+)

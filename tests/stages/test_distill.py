@@ -1,0 +1,136 @@
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from compress.errors import RecipeError
+from compress.recipe import validate_recipe
+from tests.conftest import run_stage, tiny_recipe
+
+torch.set_num_threads(1)
+
+FAST = {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32}
+
+
+def test_student_keeps_requested_layers_initialised_from_the_teacher(tiny_classifier_4l):
+    from transformers import AutoModelForSequenceClassification
+
+    from compress.stages.distill import copy_layers, default_layers
+
+    teacher = AutoModelForSequenceClassification.from_pretrained(tiny_classifier_4l)
+    assert default_layers(4) == [1, 3] and default_layers(6) == [1, 3, 5] and default_layers(5) == [0, 2, 4]
+    student = copy_layers(teacher, [1, 3])
+    assert student.config.num_hidden_layers == 2 and len(student.bert.encoder.layer) == 2
+    t, s = teacher.state_dict(), student.state_dict()
+    source_layer = {"0": "1", "1": "3"}
+    for key, value in s.items():
+        src = re.sub(r"encoder\.layer\.(\d+)\.", lambda m: f"encoder.layer.{source_layer[m.group(1)]}.", key)
+        assert torch.equal(value, t[src]), key
+    # Different teacher layers really are different weights: the check above can fail.
+    assert not torch.equal(s["bert.encoder.layer.0.attention.self.query.weight"],
+                           t["bert.encoder.layer.0.attention.self.query.weight"])
+    assert torch.equal(s["classifier.weight"], t["classifier.weight"])
+    assert torch.equal(s["bert.embeddings.word_embeddings.weight"], t["bert.embeddings.word_embeddings.weight"])
+
+
+def test_distill_loss_is_the_published_formula():
+    from compress.stages.distill import DistillSettings, distill_loss
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, logits):
+            super().__init__()
+            self.logits = logits
+
+        def forward(self, **_):
+            return type("Out", (), {"logits": self.logits})()
+
+    s, t = torch.randn(5, 3), torch.randn(5, 3)
+    labels = torch.tensor([0, 1, 2, 1, 0])
+    T, alpha = 3.0, 0.3
+    loss = distill_loss(t, DistillSettings(temperature=T, alpha=alpha))(
+        Fixed(s), {"idx": torch.arange(5), "labels": labels, "attention_mask": torch.ones(5, 4)}
+    )
+    p_t = torch.softmax(t / T, -1)
+    kl = (p_t * (p_t.log() - torch.log_softmax(s / T, -1))).sum(-1).mean()
+    expected = alpha * kl * T * T + (1 - alpha) * torch.nn.functional.cross_entropy(s, labels)
+    assert torch.allclose(loss, expected, atol=1e-6)
+
+
+def test_teacher_logits_are_cached_equal_a_fresh_pass_and_reused(tiny_classifier_4l, tiny_data, tmp_path):
+    from transformers import AutoTokenizer
+
+    from compress.data import Data
+    from compress.formats import hf
+    from compress.train import encode, predict_logits
+
+    cache = tmp_path / "cache"
+    first = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "a", "distill", FAST, cache_root=cache)
+    assert first.teacher_cache["reused"] is False
+    assert first.student_layers == 2 and first.initialised_from == [1, 3] and first.params < first.params_teacher
+    cached = np.load(tmp_path / "a" / "teacher_logits.npy")
+
+    raw = tiny_recipe(tiny_classifier_4l, tiny_data)
+    raw["data"]["max_train_examples"] = 200
+    recipe = validate_recipe(raw)
+    data = Data(recipe.data, recipe.base_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_classifier_4l)
+    fresh = predict_logits(hf.load_model(tiny_classifier_4l), tok, encode(tok, data.train, 32), batch_size=7)
+    assert cached.shape == (200, 2)
+    np.testing.assert_allclose(cached, fresh, atol=1e-5)
+
+    # Other student settings: same teacher, data and max_length -> the cache is reused.
+    second = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "b", "distill",
+                       {**FAST, "lr": 5e-4, "layers": [3], "alpha": 0.9}, cache_root=cache)
+    assert second.teacher_cache["reused"] is True and second.teacher_cache["key"] == first.teacher_cache["key"]
+    assert second.student_layers == 1
+    np.testing.assert_array_equal(np.load(tmp_path / "b" / "teacher_logits.npy"), cached)
+    # Another max_length is another key.
+    third = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "c", "distill", {**FAST, "max_length": 16}, cache_root=cache)
+    assert third.teacher_cache["reused"] is False
+
+
+def test_hidden_state_loss_trains_and_saves_a_loadable_student(tiny_classifier_4l, tiny_data, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    result = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "out", "distill",
+                       {**FAST, "layers": [1, 3], "hidden_weight": 1.0})
+    assert np.isfinite(result.train["final_loss"])
+    student = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", use_safetensors=True)
+    assert student.config.num_hidden_layers == 2
+
+
+def _recipe(model, data, settings):
+    raw = tiny_recipe(model, data)
+    raw["stages"] = [{"id": "student", "uses": "distill", "with": settings}]
+    raw["budget"] = {"baseline": "student"}
+    return raw
+
+
+@pytest.mark.parametrize("settings, key", [
+    ({"layers": [0, 0]}, "stages[0].with.layers"),
+    ({"alpha": 1.5}, "stages[0].with.alpha"),
+    ({"temperature": 0}, "stages[0].with.temperature"),
+    ({"temprature": 2.0}, "stages[0].with.temprature"),
+    ({"layers": [0, 7]}, "stages[0].with.layers"),  # the teacher (the recipe's model) has 4 layers
+])
+def test_bad_settings_fail_validation_naming_the_key(tiny_classifier_4l, tiny_data, settings, key):
+    with pytest.raises(RecipeError) as err:
+        validate_recipe(_recipe(tiny_classifier_4l, tiny_data, settings))
+    assert err.value.key == key
+
+
+def test_layers_and_student_are_exclusive(tiny_classifier_4l, tiny_data):
+    with pytest.raises(RecipeError, match="not both"):
+        validate_recipe(_recipe(tiny_classifier_4l, tiny_data, {"layers": [0], "student": "some/model"}))
+
+
+def test_a_separate_student_model_is_distilled(tiny_classifier_4l, tiny_classifier, tiny_data, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    result = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "out", "distill",
+                       {**FAST, "student": str(tiny_classifier), "hidden_weight": 1.0})
+    assert result.initialised_from == str(tiny_classifier) and result.student_layers == 2
+    student = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", use_safetensors=True)
+    before = AutoModelForSequenceClassification.from_pretrained(tiny_classifier)
+    assert not torch.equal(student.classifier.weight, before.classifier.weight)  # it trained

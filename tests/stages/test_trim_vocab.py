@@ -1,0 +1,128 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from compress.errors import RecipeError
+from compress.recipe import validate_recipe
+from compress.runner import run_recipe
+from tests.conftest import NEG, NOUNS, POS, run_stage, tiny_recipe
+
+torch.set_num_threads(1)
+
+IN_VOCAB = ["the movie was great", "the plot was dull acting cast script", "the ending was wonderful film story"]
+
+
+@pytest.fixture(scope="module")
+def trimmed(tiny_classifier, tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("trimmed") / "out"
+    result = run_stage(tiny_classifier, tiny_data, out, "trim_vocab", {"keep": ["zebra", "[unused5]"]})
+    return out, result
+
+
+def test_vocabulary_and_parameters_shrink(tiny_classifier, trimmed):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out, result = trimmed
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForSequenceClassification.from_pretrained(out, use_safetensors=True)
+    corpus_words = {"the", "was", *POS, *NEG, *NOUNS}
+    assert result.vocab_before == 30522 and result.vocab_after == len(tok) < 200
+    assert model.get_input_embeddings().weight.shape == (len(tok), 32) and model.config.vocab_size == len(tok)
+    assert result.params_after == sum(p.numel() for p in model.parameters()) < result.params_before
+    assert (out / "model.safetensors").stat().st_size < (tiny_classifier / "model.safetensors").stat().st_size / 10
+    vocab = tok.get_vocab()
+    assert corpus_words <= set(vocab) and {"[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"} <= set(vocab)
+    assert "zebra" in vocab and "[unused5]" in vocab  # the keep list
+    assert "cinema" not in vocab
+    assert result.eval_tokens_dropped == 0.0  # the synthetic eval split uses the training words
+
+
+def test_in_vocabulary_text_tokenizes_alike_and_gives_the_same_logits(tiny_classifier, trimmed):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out, _ = trimmed
+    old_tok, new_tok = AutoTokenizer.from_pretrained(tiny_classifier), AutoTokenizer.from_pretrained(out)
+    old_vocab, new_vocab = old_tok.get_vocab(), new_tok.get_vocab()
+    a = old_tok(IN_VOCAB, padding=True, return_tensors="pt")
+    b = new_tok(IN_VOCAB, padding=True, return_tensors="pt")
+    assert [old_tok.convert_ids_to_tokens(x) for x in a["input_ids"]] == \
+        [new_tok.convert_ids_to_tokens(x) for x in b["input_ids"]]
+    assert not torch.equal(a["input_ids"], b["input_ids"])  # renumbered
+    assert all(new_vocab[t] < old_vocab[t] or new_vocab[t] == old_vocab[t] == 0 for t in new_vocab)
+    old = AutoModelForSequenceClassification.from_pretrained(tiny_classifier).eval()
+    new = AutoModelForSequenceClassification.from_pretrained(out, use_safetensors=True).eval()
+    with torch.inference_mode():
+        torch.testing.assert_close(new(**b).logits, old(**a).logits, atol=1e-5, rtol=0)
+
+
+def test_unknown_words_become_unk_and_coverage_is_reported(tiny_classifier, tiny_data, trimmed, tmp_path):
+    from transformers import AutoTokenizer
+
+    out, _ = trimmed
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = tok("the cinema was good")["input_ids"]
+    assert tok.convert_ids_to_tokens(ids) == ["[CLS]", "the", "[UNK]", "was", "good", "[SEP]"]
+
+    # An eval split with words the training split lacks: their share is measured.
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text((tiny_data / "train.tsv").read_text())
+    (data / "dev.tsv").write_text("sentence\tlabel\nthe cinema was good\t1\nthe film was bad\t0\n")
+    result = run_stage(tiny_classifier, data, tmp_path / "out", "trim_vocab", {})
+    assert result.eval_tokens == 8 and result.eval_tokens_dropped == pytest.approx(1 / 8)
+    assert result.eval_unk_before == 0.0 and result.eval_unk_after == pytest.approx(1 / 8)
+    assert result.eval_examples_changed == pytest.approx(0.5)
+
+    # keep_top keeps the first entries of the original vocabulary, placeholders aside.
+    from transformers import AutoTokenizer as Tok
+
+    wider = run_stage(tiny_classifier, data, tmp_path / "wider", "trim_vocab", {"keep_top": 10})
+    old_vocab = Tok.from_pretrained(tiny_classifier).get_vocab()
+    first = sorted((i, t) for t, i in old_vocab.items() if not (t.startswith("[") and t.endswith("]")))[:10]
+    assert {t for _, t in first} <= set(Tok.from_pretrained(tmp_path / "wider").get_vocab())
+    assert wider.vocab_after > result.vocab_after
+
+
+@pytest.mark.parametrize("settings, key", [
+    ({"corpus": "eval"}, "stages[1].with.corpus"),
+    ({"min_count": 0}, "stages[1].with.min_count"),
+    ({"keep_list": ["a"]}, "stages[1].with.keep_list"),
+])
+def test_bad_settings_fail_validation_naming_the_key(tiny_checkpoint, tiny_data, settings, key):
+    raw = tiny_recipe(tiny_checkpoint, tiny_data)
+    raw["stages"][1] = {"id": "trimmed", "uses": "trim_vocab", "from": "baseline", "with": settings}
+    with pytest.raises(RecipeError) as err:
+        validate_recipe(raw)
+    assert err.value.key == key
+
+
+def test_chain_baseline_distill_prune_trim_runs_end_to_end(tiny_checkpoint, tiny_data, tmp_path):
+    """baseline -> distill -> prune (with recovery) -> trim_vocab, through the runner."""
+    raw = tiny_recipe(tiny_checkpoint, tiny_data)
+    train = {"epochs": 1, "lr": 3.0e-3, "batch_size": 16, "max_length": 32}
+    raw["stages"] = [
+        raw["stages"][0],
+        {"id": "student", "uses": "distill", "from": "baseline", "with": {**train, "layers": [1]}},
+        {"id": "pruned", "uses": "prune", "from": "student",
+         "with": {**train, "heads": 0.5, "ffn": 0.5, "importance_examples": 64}},
+        {"id": "trimmed", "uses": "trim_vocab", "from": "pruned", "with": {}},
+    ]
+    raw["budget"]["max_accuracy_drop"] = 50.0
+    raw["benchmark"].update(batch_sizes=[1], max_latency_examples=8, warmup=1)
+    report = run_recipe(validate_recipe(raw), tmp_path, log=lambda m: None, threads=1)
+    rows = {r["id"]: r for r in report["rows"]}
+    assert set(rows) == {"baseline", "student", "pruned", "trimmed"}
+    assert all(r["ok"] and r["accuracy"] is not None for r in rows.values()), [r.get("error") for r in rows.values()]
+    stages = report["stages"]
+    assert stages["student"]["result"]["student_layers"] == 1
+    assert stages["pruned"]["result"]["recovery"]["teacher_cache"]["reused"] is False
+    assert stages["trimmed"]["result"]["vocab_after"] < 1000
+    run = tmp_path / "tiny"
+    assert (run / "student" / "teacher_logits.npy").is_file() and (run / "pruned" / "teacher_logits.npy").is_file()
+    assert len(list((run / ".cache").iterdir())) == 2  # one teacher per distilling stage
+    sizes = {vid: rows[vid]["size_mb"] for vid in rows}
+    assert sizes["trimmed"] < sizes["pruned"] < sizes["student"] < sizes["baseline"]
+    assert np.load(run / "student" / "teacher_logits.npy").shape == (500, 2)
+    assert json.loads((run / "pruned" / "config.json").read_text())["pruned_heads"]

@@ -1,0 +1,218 @@
+import numpy as np
+import pytest
+
+from compress.decision import budget_checks, build_rows, decide, operating_point, paired_bootstrap, usd_per_1k
+from compress.errors import EXIT_BUDGET, EXIT_OK
+from tests.synthetic_report import batches, flip, make_report, measurement, recipe_dict, variants
+
+LABELS = np.array([0, 1] * 200)  # 400 eval examples
+
+
+def curve():
+    return [
+        {"batch_size": 1, "throughput": 200.0, "p95_ms": 6.0, "p50_ms": 5.0},
+        {"batch_size": 8, "throughput": 900.0, "p95_ms": 12.0, "p50_ms": 9.0},
+        {"batch_size": 32, "throughput": 1500.0, "p95_ms": 40.0, "p50_ms": 30.0},
+    ]
+
+
+# ------------------------------------------------------------------ operating point, $/1K
+
+
+def test_operating_point_without_slo_is_best_throughput():
+    assert operating_point(curve(), None)["batch_size"] == 32
+
+
+def test_operating_point_is_the_cheapest_batch_within_the_slo():
+    assert operating_point(curve(), 15.0)["batch_size"] == 8
+    assert operating_point(curve(), 12.0)["batch_size"] == 8  # the SLO is inclusive
+    assert operating_point(curve(), 6.0)["batch_size"] == 1
+    assert operating_point(curve(), 5.0) is None
+
+
+def test_operating_point_tie_goes_to_the_smaller_batch_and_skips_unmeasured():
+    c = curve()
+    c[2]["throughput"] = 900.0
+    assert operating_point(c, None)["batch_size"] == 8
+    assert operating_point([{"batch_size": 1, "throughput": 0.0, "p95_ms": 1.0}], None) is None
+
+
+def test_usd_per_1k():
+    # 3.6 USD/hour is 0.001 USD/s; at 1 sequence/s, 1,000 sequences cost 1 USD.
+    assert usd_per_1k(3.6, 1.0) == pytest.approx(1.0)
+    assert usd_per_1k(3.6, 4.0) == pytest.approx(0.25)
+    assert usd_per_1k(0.17, 850.0) == pytest.approx(0.17 / 3600 / 850 * 1000)
+    assert usd_per_1k(0.17, 0.0) is None
+
+
+def test_cost_uses_the_operating_point_under_the_slo():
+    recipe = recipe_dict(latency_p95_ms=25.0)
+    res = {(v, "cpu"): measurement(LABELS, LABELS) for v in ("baseline", "q")}
+    rows = build_rows(variants("baseline", "q"), res, LABELS, recipe)
+    q = next(r for r in rows if r["id"] == "q")
+    # batches(): b8 has p95 6 * 8**0.6 = 20.9 ms (within 25), b32 48 ms (not)
+    assert q["operating_point"]["batch_size"] == 8
+    assert q["usd_per_1k"] == pytest.approx(usd_per_1k(0.17, q["operating_point"]["throughput"]))
+    rows = build_rows(variants("baseline", "q"), res, LABELS, recipe_dict())
+    assert next(r for r in rows if r["id"] == "q")["operating_point"]["batch_size"] == 32
+
+
+# ------------------------------------------------------------------ paired bootstrap
+
+
+def _synthetic_pair(n, acc_a, acc_b, rng):
+    """Correctness of two models on n examples, drawn around true accuracies acc_a, acc_b."""
+    a = rng.random(n) < acc_a
+    b = rng.random(n) < acc_b
+    return a, b
+
+
+def test_paired_bootstrap_covers_the_true_delta():
+    rng = np.random.default_rng(0)
+    true_delta = (0.80 - 0.85) * 100
+    covered = 0
+    for seed in range(60):
+        a, b = _synthetic_pair(600, 0.85, 0.80, rng)
+        lo, hi = paired_bootstrap(a, b, 400, seed=seed)
+        covered += lo <= true_delta <= hi
+        assert lo < hi
+    assert covered >= 52  # a 95% interval: about 57 of 60; well above chance
+
+
+def test_paired_bootstrap_is_narrower_with_more_data():
+    rng = np.random.default_rng(1)
+    small = paired_bootstrap(*_synthetic_pair(200, 0.9, 0.88, rng), 500)
+    large = paired_bootstrap(*_synthetic_pair(5000, 0.9, 0.88, rng), 500)
+    assert (large[1] - large[0]) < 0.5 * (small[1] - small[0])  # about sqrt(25) = 5x narrower
+
+
+def test_paired_bootstrap_uses_the_pairing():
+    # b differs from a on 2 of 400 examples: the paired interval is tight around -0.5 points,
+    # far tighter than two independent 90% accuracies would allow (about +-4 points).
+    a = np.ones(400, dtype=bool)
+    a[:40] = False
+    b = a.copy()
+    b[100:102] = False
+    lo, hi = paired_bootstrap(a, b, 500)
+    assert -1.5 < lo <= -0.5 <= hi <= 0.0
+    assert paired_bootstrap(a, a, 100) == (0.0, 0.0)
+
+
+# ------------------------------------------------------------------ decide
+
+
+def run_decide(results: dict, **budget):
+    report = make_report(results, LABELS, recipe_dict(**budget))
+    return report["decision"], {r["id"]: r for r in report["rows"]}
+
+
+def three_variants():
+    return {
+        "baseline": measurement(LABELS, LABELS, p50=10, p95=12, throughput=100, size_mb=400),
+        "cheap": measurement(LABELS, LABELS, p50=6, p95=9, throughput=400, size_mb=200),
+        "fast": measurement(LABELS, LABELS, p50=3, p95=4, throughput=300, size_mb=300),
+        "small": measurement(LABELS, LABELS, p50=8, p95=10, throughput=150, size_mb=50),
+    }
+
+
+@pytest.mark.parametrize("objective,expected", [("min_cost", "cheap"), ("min_latency", "fast"), ("min_size", "small")])
+def test_decide_picks_by_objective(objective, expected):
+    d, rows = run_decide(three_variants(), objective=objective)
+    assert d["selected"] == expected and d["exit_code"] == EXIT_OK
+    assert rows[expected]["verdict"] == "selected"
+    assert rows["baseline"]["verdict"] == "baseline"
+    for vid in {"cheap", "fast", "small"} - {expected}:
+        assert rows[vid]["verdict"] == "within budget"
+        assert rows[vid]["reasons"] and f"'{expected}'" in rows[vid]["reasons"][0]
+
+
+def test_decide_gives_reasons_for_every_loser():
+    res = three_variants()
+    res["cheap"] = measurement(flip(LABELS, 40), LABELS, p50=6, p95=9, throughput=400)  # -10 points
+    res["fast"] = measurement(LABELS, LABELS, p50=30, p95=50, throughput=300)
+    res["small"]["size_bytes"] = 900e6
+    res["broken"] = {"ok": False, "error": "RuntimeError: boom"}
+    d, rows = run_decide(res, latency_p95_ms=20.0, max_size_mb=500.0)
+    assert d["selected"] is None and d["exit_code"] == EXIT_BUDGET
+    assert "accuracy drop 10.00 points exceeds the budget of 1.00" in rows["cheap"]["reasons"]
+    assert any("exceeds the SLO of 20.00 ms" in x for x in rows["fast"]["reasons"])
+    assert any("size 900.0 MB exceeds the limit of 500.0 MB" in x for x in rows["small"]["reasons"])
+    assert rows["broken"]["verdict"] == "rejected" and "boom" in rows["broken"]["reasons"][0]
+    assert all(rows[v]["verdict"] == "rejected" for v in ("cheap", "fast", "small"))
+
+
+def test_no_variant_within_budget_exits_3_and_names_the_closest():
+    res = {
+        "baseline": measurement(LABELS, LABELS),
+        "bad": measurement(flip(LABELS, 40, seed=1), LABELS),  # -10 points
+        "less_bad": measurement(flip(LABELS, 12, seed=2), LABELS),  # -3 points
+    }
+    d, rows = run_decide(res)
+    assert d["exit_code"] == EXIT_BUDGET and d["selected"] is None
+    bf = d["best_failed"]
+    assert bf["id"] == "less_bad" and bf["delta"] == pytest.approx(-3.0)
+    assert bf["reasons"] == rows["less_bad"]["reasons"]
+    assert any("'less_bad'" in n for n in d["notes"])
+
+
+def test_gate_on_ci_lower_is_stricter_than_the_point_estimate():
+    # -0.75 points measured, but with an interval reaching below -1: passes on the point
+    # estimate, fails on the lower bound.
+    res = {"baseline": measurement(LABELS, LABELS), "q": measurement(flip(LABELS, 3), LABELS)}
+    d_point, rows = run_decide(res, gate_on="point")
+    assert d_point["selected"] == "q"
+    lo = rows["q"]["delta_ci95"][0]
+    assert lo < -1.0 < rows["q"]["delta"]
+    d_ci, rows = run_decide(res, gate_on="ci_lower")
+    assert d_ci["selected"] is None and d_ci["exit_code"] == EXIT_BUDGET
+    assert "lower 95% bound of the accuracy delta" in rows["q"]["reasons"][0]
+
+
+def test_budget_device_not_benchmarked_decides_on_cpu():
+    d, _ = run_decide(three_variants(), device="cuda")
+    assert d["device"] == "cpu" and any("cuda was not benchmarked" in n for n in d["notes"])
+
+
+def test_missing_baseline_on_the_device_is_a_reason_not_a_crash():
+    recipe = recipe_dict()
+    res = {("baseline", "cpu"): {"ok": False, "error": "boom"}, ("q", "cpu"): measurement(LABELS, LABELS)}
+    rows = build_rows(variants("baseline", "q"), res, LABELS, recipe)
+    d = decide(rows, recipe, ["cpu"])
+    assert d["selected"] is None
+    q = next(r for r in rows if r["id"] == "q")
+    assert "baseline was not measured" in q["reasons"][0]
+
+
+def test_no_price_is_a_reason_under_min_cost():
+    recipe = recipe_dict()
+    recipe["benchmark"]["prices"] = {}
+    res = {(v, "cpu"): measurement(LABELS, LABELS) for v in ("baseline", "q")}
+    rows = build_rows(variants("baseline", "q"), res, LABELS, recipe)
+    d = decide(rows, recipe, ["cpu"])
+    assert d["selected"] is None and "no usd_per_1k figure" in rows[1]["reasons"][0]
+
+
+def test_budget_checks_report_skipped_limits_and_passes():
+    _, rows = run_decide(three_variants())
+    checks = {c["name"]: c["status"] for c in rows["cheap"]["checks"]}
+    assert checks == {"accuracy budget": "pass", "latency SLO": "skipped", "size limit": "skipped"}
+    budget = recipe_dict(latency_p95_ms=9.5, max_size_mb=250.0)["budget"]
+    _, rows = run_decide(three_variants(), latency_p95_ms=9.5, max_size_mb=250.0)
+    checks = {c["name"]: c["status"] for c in budget_checks(rows["fast"], budget)}
+    assert checks == {"accuracy budget": "pass", "latency SLO": "pass", "size limit": "fail"}
+    assert rows["fast"]["checks"] == budget_checks(rows["fast"], budget)
+    assert {c["status"] for c in budget_checks({"ok": False, "error": "x", "device": "cpu"}, budget)} == {"error"}
+
+
+def test_routed_share_reaches_the_row():
+    res = {"baseline": measurement(LABELS, LABELS), "casc": measurement(LABELS, LABELS, routed_share=0.25)}
+    _, rows = run_decide(res)
+    assert rows["casc"]["routed_share"] == 0.25
+    assert any("25% of the eval inputs" in n for n in rows["casc"]["notes"])
+    assert "routed_share" not in rows["baseline"]
+
+
+def test_batches_helper_is_a_monotone_curve():
+    b = batches(5.0, 6.0, 100.0)
+    assert [x["batch_size"] for x in b] == [1, 8, 32]
+    assert all(b[i]["p95_ms"] < b[i + 1]["p95_ms"] for i in range(2))

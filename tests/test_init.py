@@ -1,0 +1,84 @@
+import yaml
+
+from compress import init as init_mod
+from compress.recipe import load_recipe
+
+
+def test_init_writes_a_commented_recipe_that_validates(tiny_checkpoint, tiny_data, tmp_path, cli, monkeypatch):
+    monkeypatch.setattr(init_mod, "machine", lambda: {"cores": 2, "gpu": False})
+    out = tmp_path / "sub" / "starter.yaml"
+    code, stdout, err = cli("init", "--model", tiny_checkpoint, "--dataset", tiny_data, "--output", out)
+    assert code == 0, err
+    text = out.read_text()
+    assert text.count("\n  # ") >= 2 and "# " in text.splitlines()[0]  # commented
+    code, stdout, err = cli("validate", out)
+    assert code == 0, err
+    recipe = load_recipe(out)
+    ids = [s.id for s in recipe.stages]
+    assert ids[:2] == ["baseline", "int8"]  # a checkpoint needs a fine-tuned baseline
+    assert recipe.stage("baseline").uses == "finetune"
+    assert recipe.budget.baseline == "baseline"
+    assert recipe.benchmark.devices == ["cpu"] and recipe.benchmark.threads == 2
+    # paths are relative to the recipe's folder, so the recipe can move with its data
+    raw = yaml.safe_load(text)
+    assert not raw["data"]["dataset"].startswith("/") and raw["name"] == "starter"
+
+
+def test_optional_stages_only_when_registered(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
+    from compress.stages import STAGES
+
+    monkeypatch.setattr(init_mod, "machine", lambda: {"cores": 2, "gpu": False})
+    text = init_mod.build(str(tiny_checkpoint), str(tiny_data), "sentence", "label", tmp_path / "a.yaml")
+    with_all = {s["uses"] for s in yaml.safe_load(text)["stages"]}
+    for name in ("distill", "prune", "export_onnx", "quantize_onnx"):
+        assert (name in with_all) == (name in STAGES)
+    for name in ("distill", "export_onnx"):
+        monkeypatch.delitem(STAGES, name, raising=False)
+    text = init_mod.build(str(tiny_checkpoint), str(tiny_data), "sentence", "label", tmp_path / "b.yaml")
+    uses = {s["uses"] for s in yaml.safe_load(text)["stages"]}
+    assert "distill" not in uses and "export_onnx" not in uses
+    assert "quantize_onnx" not in uses  # its input stage is gone
+    (tmp_path / "b.yaml").write_text(text)
+    load_recipe(tmp_path / "b.yaml")
+
+
+def test_a_classifier_is_its_own_baseline(tiny_classifier, tiny_data, tmp_path):
+    text = init_mod.build(str(tiny_classifier), str(tiny_data), "sentence", "label", tmp_path / "r.yaml",
+                          mach={"cores": 2, "gpu": False})
+    raw = yaml.safe_load(text)
+    assert "finetune" not in {s["uses"] for s in raw["stages"]}
+    assert raw["budget"]["baseline"] == "model" and raw["stages"][0]["from"] == "model"
+
+
+def test_wrong_column_is_a_one_line_error_naming_the_columns(tiny_checkpoint, tiny_data, tmp_path, cli):
+    code, out, err = cli("init", "--model", tiny_checkpoint, "--dataset", tiny_data, "--text", "review",
+                         "--output", tmp_path / "r.yaml")
+    assert code == 2
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 or "missing column" in " ".join(lines)
+    msg = " ".join(lines)
+    assert "'review'" in msg and "sentence" in msg and "label" in msg and "--text" in msg
+    assert not (tmp_path / "r.yaml").exists()
+
+
+def test_existing_file_is_not_overwritten(tiny_checkpoint, tiny_data, tmp_path, cli):
+    out = tmp_path / "r.yaml"
+    out.write_text("keep")
+    code, _, err = cli("init", "--model", tiny_checkpoint, "--dataset", tiny_data, "--output", out)
+    assert code == 2 and "--force" in err and out.read_text() == "keep"
+
+
+def test_sizes_follow_the_machine():
+    small = init_mod.sizes(67_000, {"cores": 2, "gpu": False})
+    big = init_mod.sizes(67_000, {"cores": 32, "gpu": False})
+    gpu = init_mod.sizes(67_000, {"cores": 8, "gpu": True})
+    assert small["max_train_examples"] < big["max_train_examples"]
+    assert gpu["max_train_examples"] is None and gpu["devices"] == ["cpu", "cuda"]
+    assert small["threads"] == 2 and big["threads"] <= 32
+    assert init_mod.sizes(500, {"cores": 2, "gpu": False})["max_train_examples"] is None  # all of a small set
+
+
+def test_token_length_estimate():
+    assert init_mod.token_length(["a b c"] * 100, None) == 32
+    assert init_mod.token_length([" ".join(["w"] * 200)] * 100, None) == 288
+    assert init_mod.token_length([" ".join(["w"] * 1000)], None) == 512
