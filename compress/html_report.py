@@ -95,6 +95,11 @@ def pareto_plot(report: dict, key: str, label: str) -> str:
     limit = {"p95_ms": b.get("latency_p95_ms"), "size_mb": b.get("max_size_mb")}.get(key)
     if limit is not None:
         ax.axvline(limit, color="#f46d43", ls=":", lw=1.2, label="SLO" if key == "p95_ms" else "size limit")
+    if key == "usd_per_1k":  # values like 0.00002: plain ticks overlap; show them in micro-dollars
+        from matplotlib.ticker import FuncFormatter
+
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 1e6:g}"))
+        label = "micro-$ per 1K inferences"
     ax.set_xlabel(label)
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"accuracy vs {label} ({report['decision']['device']})", fontsize=10)
