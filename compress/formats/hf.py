@@ -48,6 +48,12 @@ class TorchPredictor(Predictor):
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def save(model, tokenizer, folder: Path) -> None:
+    """Writes an `hf` artifact: safetensors weights, config and tokenizer (what load_model reads)."""
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
 def load_model(path: Path):
     from transformers import AutoModelForSequenceClassification
 

@@ -323,8 +323,7 @@ def run(ctx) -> Result:
     loss_fn = distill_loss(torch.from_numpy(logits), cfg, teacher, pairs)
     stats = train(ctx, student, tokenizer, data, cfg, loss_fn, description=f"{ctx.stage_id}: distill")
     student = unwrap(student)
-    student.save_pretrained(ctx.out, safe_serialization=True)
-    tokenizer.save_pretrained(ctx.out)
+    hf.save(student, tokenizer, ctx.out)
     ctx.log(
         f"  student {student.config.num_hidden_layers} layers (from {origin}), {stats.examples} examples in "
         f"{stats.seconds:.0f}s ({stats.examples_per_s:.0f} ex/s)"

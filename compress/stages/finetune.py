@@ -25,6 +25,7 @@ def run(ctx) -> Result:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from compress.formats import hf
     from compress.train import encode, set_seed, train, unwrap
 
     cfg: Config = ctx.config
@@ -40,8 +41,7 @@ def run(ctx) -> Result:
     data = encode(tokenizer, ctx.data.train, cfg.max_length)
     stats = train(ctx, model, tokenizer, data, cfg, description=f"{ctx.stage_id}: fine-tune")
     model = unwrap(model)
-    model.save_pretrained(ctx.out, safe_serialization=True)
-    tokenizer.save_pretrained(ctx.out)
+    hf.save(model, tokenizer, ctx.out)
     ctx.log(
         f"  trained {stats.examples} examples in {stats.seconds:.0f}s ({stats.examples_per_s:.0f} ex/s, "
         f"padding {stats.padding_waste:.0%})"

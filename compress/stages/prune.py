@@ -292,8 +292,7 @@ def run(ctx) -> Result:
         recovery = {"train": stats.as_dict(), "teacher_cache": cache}
 
     model.eval()
-    model.save_pretrained(ctx.out, safe_serialization=True)
-    tokenizer.save_pretrained(ctx.out)
+    hf.save(model, tokenizer, ctx.out)
     return Result(
         format="hf",
         heads_before=heads_before,

@@ -180,8 +180,7 @@ def run(ctx) -> Result:
         old = getattr(model.config, key, None)
         if isinstance(old, int) and 0 <= old < len(remap):
             setattr(model.config, key, int(remap[old]) if remap[old] >= 0 else None)
-    model.save_pretrained(ctx.out, safe_serialization=True)
-    new_tok.save_pretrained(ctx.out)
+    hf.save(model, new_tok, ctx.out)
 
     # Coverage on the eval split (measured, never used for choosing tokens).
     old_eval = _token_lists(tok, ctx.data.eval)
