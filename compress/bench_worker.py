@@ -91,7 +91,8 @@ def measure(spec: dict) -> dict:
     # Batch 1: latency percentiles over real eval sentences (an evenly spaced selection).
     n_lat = min(len(rows), int(spec.get("max_latency_examples") or len(rows)))
     lat_idx = np.linspace(0, len(rows) - 1, n_lat).round().astype(int).tolist()
-    lat_ms, _ = timed_pass([[i] for i in lat_idx])
+    passes = [timed_pass([[i] for i in lat_idx])[0] for _ in range(int(spec.get("latency_repeats", 1)))]
+    lat_ms = np.median(np.array(passes), axis=0).tolist()  # [n_lat]: per sentence, the median pass
     latency = _percentiles(lat_ms)
 
     batches_out = []

@@ -75,6 +75,7 @@ def run_benchmarks(
                 "format": art.format, "path": str(art.path), "device": device,
                 "threads": spec.threads, "batch_sizes": batch_sizes, "max_length": spec.max_length,
                 "warmup": spec.warmup, "max_latency_examples": spec.max_latency_examples,
+                "latency_repeats": spec.latency_repeats,
                 "eval_file": str(eval_file), "options": {"cuda_dtype": spec.cuda_dtype},
             }
             key = digest({

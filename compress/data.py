@@ -221,8 +221,21 @@ class Data:
         self.train = self.train_full.select(order[:n])
         self._fingerprints()
 
+    # Examples right after the training subset in the fixed order, kept for calibration
+    # (quantization ranges, parity checks, cascade thresholds): `train_pool` never trains on
+    # them, so a stage that calibrates never sees examples a model learned.
+    CALIBRATION_RESERVE = 2000
+
+    def train_pool(self, n: int | None) -> Split:
+        """The training subset, then further examples of the training split in the fixed
+        order, n in all (None: as many as there are), skipping the calibration reserve."""
+        start = min(len(self.train) + self.CALIBRATION_RESERVE, len(self._order))
+        pool = np.concatenate([self._order[: len(self.train)], self._order[start:]])
+        return self.train_full.select(pool[: len(pool) if n is None else n])
+
     def calibration(self, n: int) -> Split:
-        """n training examples outside the training subset (or from it, if none are left)."""
+        """n training examples outside the training subset (or from it, if none are left);
+        the first CALIBRATION_RESERVE of them are never in `train_pool`."""
         pool = self._order[len(self.train):]
         if len(pool) < n:
             pool = np.concatenate([pool, self._order[: n - len(pool)]])

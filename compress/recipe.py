@@ -69,8 +69,10 @@ class DataSpec(Strict):
     eval_split: str = Field("validation", description="Split every variant is scored on.")
     max_train_examples: PositiveInt | None = Field(
         None,
-        description="Random subset of the training split (drawn with `seed`). Training is the "
-        "slow part on a CPU: choose on purpose.",
+        description="Random subset of the training split (drawn with `seed`) that the training "
+        "stages use (`distill` can take more: its `train_examples`). Training is the slow part on a "
+        "CPU: choose on purpose. The next 2000 examples of the split, if any, are kept out of all training "
+        "for calibration (quantization ranges, parity checks, cascade thresholds).",
     )
     max_eval_examples: PositiveInt | None = Field(
         None, description="First N examples of the eval split (all when unset)."
@@ -138,6 +140,11 @@ class BenchmarkSpec(Strict):
         300,
         description="Eval sentences timed one by one for the batch-1 latency percentiles "
         "(a fixed, evenly spaced selection; all when unset).",
+    )
+    latency_repeats: PositiveInt = Field(
+        3,
+        description="Timed passes over the latency selection; a sentence's latency is the median "
+        "of its passes, so a short burst of other load on the machine does not move the percentiles.",
     )
     bootstrap_samples: PositiveInt = Field(
         1000, description="Paired bootstrap resamples for the accuracy-delta interval."
@@ -239,6 +246,8 @@ def _first_error(where: str, err: ValidationError, prefix: tuple = (), model: ty
         msg = "unknown key" + (f" (valid keys: {', '.join(valid)})" if valid else "")
     elif e["type"] == "missing":
         msg = "required key is missing"
+    elif e["type"] == "value_error":  # our validators' own words, without pydantic's prefix
+        msg = msg.removeprefix("Value error, ")
     return RecipeError(where, _key(loc), msg)
 
 
@@ -444,6 +453,12 @@ def _check_graph(recipe: Recipe, where: str) -> None:
             return model_format
         return get_stage(recipe.stage(ref).uses).produces
 
+    def tokenizer_origin(ref: str) -> str:
+        """The nearest stage up the `from` chain that made a new tokenizer, or the model."""
+        while ref != MODEL_ID and not get_stage(recipe.stage(ref).uses).new_tokenizer:
+            ref = recipe.stage(ref).source
+        return ref
+
     for i, spec in enumerate(recipe.stages):
         kind = get_stage(spec.uses)
         fmt = output_format(spec.source)
@@ -469,6 +484,14 @@ def _check_graph(recipe: Recipe, where: str) -> None:
             if problem:
                 raise RecipeError(where, f"stages[{i}].from", f"{spec.uses} cannot take '{spec.source}': {problem}")
         for key, ref in spec.config.refs().items():
+            if kind.refs_share_tokenizer and tokenizer_origin(ref) != tokenizer_origin(spec.source):
+                a, b = tokenizer_origin(spec.source), tokenizer_origin(ref)
+                why = " and ".join(f"'{o}' ({get_stage(recipe.stage(o).uses).name})" for o in (a, b) if o != MODEL_ID)
+                raise RecipeError(
+                    where, f"stages[{i}].with.{key}",
+                    f"'{ref}' and '{spec.source}' use different tokenizers (changed by {why}); "
+                    f"{spec.uses} needs one tokenizer for both: take them from the same side of that stage",
+                )
             fmt = output_format(ref)
             if fmt is not None and fmt not in kind.ref_accepts:
                 raise RecipeError(

@@ -66,6 +66,12 @@ class StageKind:
     # with the `from` chain, nearest first, as (stage kind name, its config) pairs (the
     # recipe's model ends it as ('model', None)): returns why the order is refused, or None.
     check_input: Callable[[list[tuple[str, StageConfig | None]]], str | None] | None = None
+    # The output has another tokenizer than the input (trim_vocab): the stages downstream
+    # of it no longer share token ids with the rest of the recipe.
+    new_tokenizer: bool = False
+    # The config refs must use the `from` input's tokenizer (cascade tokenises once for
+    # both members); checked at validation through `new_tokenizer` on the way up.
+    refs_share_tokenizer: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 

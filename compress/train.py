@@ -42,6 +42,12 @@ class TrainSettings(StageConfig):
     group_by_length: bool = Field(
         True, description="Batch examples of similar length together to cut padding."
     )
+    freeze_embeddings: bool = Field(
+        False,
+        description="Keep the word-embedding matrix fixed. For a small encoder it is half the "
+        "parameters (MiniLM-L6: 11.7M of 22.7M), and its dense gradient and AdamW update are a large "
+        "share of every step on a CPU: freezing it trains a 3-layer MiniLM student about 1.6x faster.",
+    )
     seed: int = Field(0, description="Seed of initialisation, shuffling and dropout.")
 
 
@@ -169,6 +175,8 @@ def train(
     steps_per_epoch = math.ceil(len(data) / settings.batch_size)
     total_steps = max(1, round(settings.epochs * steps_per_epoch))
 
+    if settings.freeze_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)  # [vocab, hidden]; position embeddings still train
     head_names = ("classifier.", "score.", "pre_classifier.")
     optimizer = torch.optim.AdamW(_param_groups(model, settings, head_names), lr=settings.lr)
     scheduler = get_linear_schedule_with_warmup(

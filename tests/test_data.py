@@ -27,6 +27,18 @@ def test_glue_folder_with_dev_alias_and_subset(tmp_path):
     assert not any(id(t) in train_ids for t in calib.texts)
 
 
+
+def test_train_pool_extends_the_subset_but_never_takes_the_calibration_slice(tmp_path, monkeypatch):
+    monkeypatch.setattr(Data, "CALIBRATION_RESERVE", 10)
+    rows = [(f"sentence number {i}", i % 2) for i in range(100)]
+    d = Data(spec(folder(tmp_path, rows, rows[:5]), max_train_examples=30), tmp_path)
+    everything = d.train_pool(None)
+    assert len(everything) == 90  # 100 minus the 10 reserved for calibration
+    assert everything.texts[:30] == d.train.texts  # the subset first, in its order
+    assert not set(everything.texts) & set(d.calibration(10).texts)
+    assert d.train_pool(45).texts == everything.texts[:45]
+    assert d.train_pool(20).texts == d.train.texts[:20]
+
 def test_quotes_are_text_in_tsv(tmp_path):
     rows = [('he said "great" film', 1), ("it's 'bad", 0)] * 3
     d = Data(spec(folder(tmp_path, rows, rows)), tmp_path)

@@ -193,4 +193,5 @@ KIND = StageKind(
     produces="cascade",
     ref_accepts=MEMBER_FORMATS,
     budget_keys=("max_accuracy_drop",),
+    refs_share_tokenizer=True,
 )

@@ -15,8 +15,8 @@ Loss per batch, with student logits s, teacher logits t, temperature T:
 (the KL term is DistilBERT's: the student's tempered distribution is pulled towards the
 teacher's; T^2 keeps its gradient scale independent of T, Hinton et al. 2015).
 
-Teacher logits over the training subset are computed once, cached under the run folder
-(keyed by teacher, training data and max_length) and copied into the output as
+Teacher logits over the training examples are computed once, cached under the run folder
+(keyed by teacher, training data, example count and max_length) and copied into the output as
 `teacher_logits.npy`: with `hidden_weight: 0` the teacher costs nothing per epoch, and a
 re-run with other student settings reuses them. Hidden states are too large to cache
 (examples x tokens x hidden x layers floats: gigabytes for SST-2), so the cosine loss runs
@@ -30,7 +30,7 @@ by `prune` for its recovery fine-tune as well.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -63,6 +63,28 @@ class DistillSettings(TrainSettings):
         "(hidden states are too large to cache): slower training.",
     )
     teacher_batch_size: PositiveInt = Field(64, description="Batch size of the one-off teacher pass.")
+
+    @field_validator("train_examples", mode="before")
+    @classmethod
+    def _train_examples(cls, v):
+        # Checked before the union so that a typo reads as one plain error, not one per member.
+        if v is None or v == "all" or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            return v
+        raise ValueError(f"must be a positive number of examples or `all`, not {v!r}")
+    train_examples: PositiveInt | Literal["all"] | None = Field(
+        None,
+        description="Examples to distil on. Default: the recipe's training subset "
+        "(data.max_train_examples). A number, or `all`, adds further examples of the training split "
+        "(never the calibration slice): the teacher labels them once (cached), and new examples help "
+        "a small student more than more epochs over the same ones (SST-2, 3-layer MiniLM student: "
+        "all 65k examples for one epoch reached 88.2 on dev, 24k for three epochs 87.5, in similar time).",
+    )
+    freeze_embeddings: bool = Field(
+        True,
+        description="Keep the word-embedding matrix fixed (on by default here: the student starts from "
+        "the teacher's fine-tuned embeddings, and on SST-2 with MiniLM a frozen matrix trained the "
+        "3-layer student 1.6x faster at no loss of accuracy; see TrainSettings).",
+    )
 
 
 class Config(DistillSettings):
@@ -119,9 +141,19 @@ class Result(StageResult):
 # Shared distillation pieces
 
 
-def teacher_cache_key(teacher_fingerprint: str, train_fingerprint: str, max_length: int) -> str:
-    h = hashlib.sha256(f"{teacher_fingerprint}/{train_fingerprint}/{max_length}".encode()).hexdigest()
+def teacher_cache_key(teacher_fingerprint: str, train_fingerprint: str, max_length: int, examples: int) -> str:
+    # The training split's fingerprint, its seed and the example count fix which examples
+    # (and in which order) the logits belong to.
+    h = hashlib.sha256(f"{teacher_fingerprint}/{train_fingerprint}/{max_length}/{examples}".encode()).hexdigest()
     return f"teacher_logits-{h[:32]}"
+
+
+def training_split(ctx: "StageContext", settings: DistillSettings):
+    """The examples to distil on (see DistillSettings.train_examples)."""
+    n = settings.train_examples
+    if n is None:
+        return ctx.data.train
+    return ctx.data.train_pool(None if n == "all" else n)
 
 
 def cached_teacher_logits(
@@ -138,7 +170,7 @@ def cached_teacher_logits(
 
     from compress.train import predict_logits
 
-    key = teacher_cache_key(teacher_fingerprint, ctx.data.train_fingerprint, max_length)
+    key = teacher_cache_key(teacher_fingerprint, ctx.data.train_fingerprint, max_length, len(data))
     path = ctx.cache_dir(key) / "teacher_logits.npy"
     logits = None
     if path.is_file():
@@ -313,11 +345,12 @@ def run(ctx) -> Result:
                 f"{student.config.hidden_size}, teacher {teacher.config.hidden_size}); set hidden_weight: 0"
             )
 
-    data = encode(tokenizer, ctx.data.train, cfg.max_length)
+    split = training_split(ctx, cfg)
+    data = encode(tokenizer, split, cfg.max_length)
     logits, cache_info = cached_teacher_logits(
         ctx, teacher, tokenizer, data, ctx.input.fingerprint, cfg.max_length, cfg.teacher_batch_size
     )
-    teacher_acc = float((logits.argmax(-1) == ctx.data.train.labels).mean() * 100)
+    teacher_acc = float((logits.argmax(-1) == split.labels).mean() * 100)
     if cfg.hidden_weight == 0:
         teacher = None  # not needed any more: free its memory before training
     loss_fn = distill_loss(torch.from_numpy(logits), cfg, teacher, pairs)

@@ -245,7 +245,7 @@ def run(ctx) -> Result:
 
     from compress.errors import StageError
     from compress.formats import hf
-    from compress.stages.distill import cached_teacher_logits, distill_loss
+    from compress.stages.distill import cached_teacher_logits, distill_loss, training_split
     from compress.train import collate, encode, length_sorted_batches, set_seed, train, unwrap
 
     cfg: Config = ctx.config
@@ -278,7 +278,7 @@ def run(ctx) -> Result:
     recovery = None
     if cfg.recovery:
         teacher = hf.load_model(ctx.input.path).eval().to(ctx.device)
-        data = encode(tokenizer, ctx.data.train, cfg.max_length)
+        data = encode(tokenizer, training_split(ctx, cfg), cfg.max_length)
         logits, cache = cached_teacher_logits(
             ctx, teacher, tokenizer, data, ctx.input.fingerprint, cfg.max_length, cfg.teacher_batch_size
         )

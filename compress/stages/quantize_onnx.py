@@ -130,6 +130,10 @@ def run(ctx) -> Result:
     preset, why = cpu_preset() if cfg.preset == "auto" else (cfg.preset, "set in the recipe")
     static = cfg.mode == "static"
     ops = list(ORT_DEFAULT_OPS_STATIC_QUANTIZATION_QDQ if static else ORT_DEFAULT_OPS_DYNAMIC_QUANTIZATION)
+    # In exported BERTs a Where builds the additive attention mask (0 or float32 min): INT8
+    # buys nothing there, and its +-3.4e38 range overflows the histogram calibrators
+    # (entropy, percentile: "Too many bins for data range").
+    ops = [o for o in ops if o != "Where"]
     if not cfg.quantize_embeddings:
         ops = [o for o in ops if o not in ("Gather", "EmbedLayerNormalization")]
     node_names = [n.name for n in onnx.load(str(src), load_external_data=False).graph.node]
@@ -171,7 +175,7 @@ def run(ctx) -> Result:
 
 
 def _calibrate(ctx, cfg: Config, quantizer, ops, tmp: Path, AutoCalibrationConfig) -> dict:
-    """Activation ranges from calibration examples, one example per batch (no padding)."""
+    """Activation ranges from calibration examples, one example per batch."""
     import onnxruntime as ort
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -179,7 +183,12 @@ def _calibrate(ctx, cfg: Config, quantizer, ops, tmp: Path, AutoCalibrationConfi
     tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
     inputs = [i.name for i in ort.InferenceSession(str(quantizer.onnx_model_path), providers=["CPUExecutionProvider"]).get_inputs()]
     calib = ctx.data.calibration(cfg.calibration_examples)
-    enc = tokenizer(calib.texts, calib.pairs, truncation=True, max_length=cfg.max_length)
+    # minmax keeps running extremes, so each example can have its own length (no padding).
+    # The histogram methods stack every batch's activations into one array, which needs one
+    # shape: there all examples are padded to the longest (padding tokens are computed in
+    # deployment too whenever a batch is padded, so their activations are fair samples).
+    histogram = cfg.calibration_method != "minmax"
+    enc = tokenizer(calib.texts, calib.pairs, truncation=True, max_length=cfg.max_length, padding=histogram)
     dataset = Dataset.from_dict({k: enc[k] for k in inputs})
     method = {
         "minmax": lambda: AutoCalibrationConfig.minmax(dataset),

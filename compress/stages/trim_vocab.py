@@ -227,4 +227,5 @@ KIND = StageKind(
     run=run,
     accepts=("hf",),
     produces="hf",
+    new_tokenizer=True,
 )

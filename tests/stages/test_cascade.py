@@ -193,3 +193,20 @@ def test_recipe_checks_the_large_ref(tiny_checkpoint, tiny_data):
     with pytest.raises(RecipeError) as exc:
         validate_recipe(recipe)
     assert exc.value.key == "stages[3].with.threshold"
+
+
+def test_recipe_refuses_members_with_different_tokenizers(tiny_checkpoint, tiny_data):
+    # trim_vocab renumbers the vocabulary: a cascade tokenises once for both members, so a
+    # trimmed member next to an untrimmed one is refused before anything runs.
+    recipe = tiny_recipe(tiny_checkpoint, tiny_data)
+    recipe["stages"] += [
+        {"id": "trimmed", "uses": "trim_vocab", "from": "baseline"},
+        {"id": "c", "uses": "cascade", "from": "trimmed", "with": {"large": "baseline"}},
+    ]
+    with pytest.raises(RecipeError) as exc:
+        validate_recipe(recipe)
+    assert exc.value.key == "stages[3].with.large" and "different tokenizers" in exc.value.message
+    # Both members below the same trim_vocab share its tokenizer: accepted.
+    recipe["stages"][3] = {"id": "t_int8", "uses": "quantize_dynamic", "from": "trimmed"}
+    recipe["stages"].append({"id": "c", "uses": "cascade", "from": "t_int8", "with": {"large": "trimmed"}})
+    validate_recipe(recipe)

@@ -113,6 +113,8 @@ def _recipe(model, data, settings):
     ({"temperature": 0}, "stages[0].with.temperature"),
     ({"temprature": 2.0}, "stages[0].with.temprature"),
     ({"layers": [0, 7]}, "stages[0].with.layers"),  # the teacher (the recipe's model) has 4 layers
+    ({"train_examples": "everything"}, "stages[0].with.train_examples"),
+    ({"train_examples": 0}, "stages[0].with.train_examples"),
 ])
 def test_bad_settings_fail_validation_naming_the_key(tiny_classifier_4l, tiny_data, settings, key):
     with pytest.raises(RecipeError) as err:
@@ -134,3 +136,36 @@ def test_a_separate_student_model_is_distilled(tiny_classifier_4l, tiny_classifi
     student = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", use_safetensors=True)
     before = AutoModelForSequenceClassification.from_pretrained(tiny_classifier)
     assert not torch.equal(student.classifier.weight, before.classifier.weight)  # it trained
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_freeze_embeddings_keeps_the_word_embeddings_and_trains_the_rest(tiny_classifier_4l, tiny_data, tmp_path, freeze):
+    from transformers import AutoModelForSequenceClassification
+
+    run_stage(tiny_classifier_4l, tiny_data, tmp_path / "out", "distill",
+              {**FAST, "layers": [1, 3], "freeze_embeddings": freeze})
+    teacher = AutoModelForSequenceClassification.from_pretrained(tiny_classifier_4l, use_safetensors=True)
+    student = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", use_safetensors=True)
+    emb_same = torch.equal(teacher.get_input_embeddings().weight, student.get_input_embeddings().weight)
+    assert emb_same is freeze
+    # The layers train either way (student layer 1 started as teacher layer 3).
+    t = teacher.bert.encoder.layer[3].output.dense.weight
+    s = student.bert.encoder.layer[1].output.dense.weight
+    assert not torch.equal(t, s)
+
+
+def test_train_examples_distils_on_more_of_the_split_outside_the_calibration_slice(
+        tiny_classifier_4l, tiny_data, tmp_path, monkeypatch):
+    from compress.data import Data
+
+    monkeypatch.setattr(Data, "CALIBRATION_RESERVE", 100)  # tiny_data: 600 training rows, subset 200
+    cache = tmp_path / "cache"
+    base = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "a", "distill", {**FAST, "layers": [3]}, cache_root=cache)
+    assert base.train_examples == 200
+    more = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "b", "distill",
+                     {**FAST, "layers": [3], "train_examples": 300}, cache_root=cache)
+    assert more.train_examples == 300 and more.teacher_cache["examples"] == 300
+    assert more.teacher_cache["reused"] is False  # other examples, other cached logits
+    every = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "c", "distill",
+                      {**FAST, "layers": [3], "train_examples": "all"}, cache_root=cache)
+    assert every.train_examples == 500  # 600 minus the 100 kept for calibration

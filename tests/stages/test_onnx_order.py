@@ -81,3 +81,13 @@ def test_quantize_then_optimize_runs(exported, tiny_classifier, tiny_data, tmp_p
     opt = run_kind("optimize_onnx", {"level": "O2", "parity_examples": 16}, tmp_path / "q", "onnx", tiny_data,
                    tmp_path / "opt", model=tiny_classifier)
     assert opt.parity["label_agreement"] >= 90
+
+
+@pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
+def test_every_static_calibration_method_runs(exported, tiny_classifier, tiny_data, tmp_path, method):
+    # The histogram methods stack all calibration activations into one array: examples of
+    # different lengths made onnxruntime fail with "inhomogeneous shape" until they were padded.
+    q = run_kind("quantize_onnx", {"mode": "static", "calibration_method": method, "calibration_examples": 16,
+                                   "parity_examples": 16}, exported, "onnx", tiny_data, tmp_path / "q", model=tiny_classifier)
+    assert "DequantizeLinear" in q.quantized
+    assert q.size_bytes["output"] < q.size_bytes["input"]

@@ -1,0 +1,36 @@
+import json
+
+from compress import bench_worker
+
+
+def test_latency_is_the_median_of_repeated_passes(tiny_classifier, tmp_path, monkeypatch):
+    # A burst of other load during one pass (here: the first pass is 30 ms slower per call)
+    # must not move the percentiles when the selection is timed three times.
+    from compress.formats import load_predictor
+
+    class Slowed:
+        def __init__(self, pred, slow_calls):
+            self.pred, self.calls, self.slow_calls = pred, 0, slow_calls
+
+        def __getattr__(self, name):
+            return getattr(self.pred, name)
+
+        def __call__(self, batch):
+            import time
+
+            self.calls += 1
+            if self.calls <= self.slow_calls:
+                time.sleep(0.03)
+            return self.pred(batch)
+
+    n, warmup = 10, 1
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"text": f"a fine film number {i}", "label": i % 2}) + "\n" for i in range(n)))
+    spec = {"format": "hf", "path": str(tiny_classifier), "device": "cpu", "threads": 1, "batch_sizes": [1],
+            "max_length": 32, "warmup": warmup, "max_latency_examples": n, "eval_file": str(eval_file)}
+    for repeats, slowed in ((1, True), (3, False)):
+        monkeypatch.setattr("compress.formats.load_predictor",
+                            lambda *a, **k: Slowed(load_predictor(*a, **k), slow_calls=warmup + n))
+        result = bench_worker.measure({**spec, "latency_repeats": repeats})
+        assert result["ok"] and result["latency_ms"]["n"] == n
+        assert (result["latency_ms"]["p50"] > 30) is slowed
