@@ -23,8 +23,8 @@ re-run with other student settings reuses them. Hidden states are too large to c
 the teacher forward on every step, which makes training slower by roughly the teacher's
 forward time (about +50% for a 6-layer teacher and a 3-layer student).
 
-The shared pieces (`DistillSettings`, `cached_teacher_logits`, `distill_loss`) are used
-by `prune` for its recovery fine-tune as well.
+The shared pieces (`DistillSettings`, `distill_from`) are used by `prune` for its recovery
+fine-tune as well.
 """
 
 from __future__ import annotations
@@ -234,6 +234,27 @@ def distill_loss(
     return loss_fn
 
 
+def distill_from(ctx: "StageContext", student, teacher, tokenizer, settings: DistillSettings,
+                 layer_pairs: list[tuple[int, int]], description: str):
+    """Trains `student` towards `teacher` (the stage's input) on `training_split`, with the
+    teacher's logits from the run cache. Returns (the unwrapped student, TrainStats, cache
+    info, the teacher's accuracy on those training examples in percent)."""
+    import torch
+
+    from compress.train import encode, train, unwrap
+
+    split = training_split(ctx, settings)
+    data = encode(tokenizer, split, settings.max_length)
+    logits, cache_info = cached_teacher_logits(
+        ctx, teacher, tokenizer, data, ctx.input.fingerprint, settings.max_length, settings.teacher_batch_size
+    )
+    teacher_acc = float((logits.argmax(-1) == split.labels).mean() * 100)
+    live_teacher = teacher if settings.hidden_weight > 0 else None  # only the hidden-state loss runs it
+    loss_fn = distill_loss(torch.from_numpy(logits), settings, live_teacher, layer_pairs)
+    stats = train(ctx, student, tokenizer, data, settings, loss_fn, description=description)
+    return unwrap(student), stats, cache_info, teacher_acc
+
+
 def layer_list(model):
     """The ModuleList of transformer layers of a classifier's encoder (BERT, RoBERTa,
     DistilBERT and most encoders keep them as `<base>.encoder.layer` or `<base>.transformer.layer`)."""
@@ -302,7 +323,7 @@ def run(ctx) -> Result:
 
     from compress.errors import StageError
     from compress.formats import hf
-    from compress.train import encode, set_seed, train, unwrap
+    from compress.train import set_seed
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
@@ -345,17 +366,9 @@ def run(ctx) -> Result:
                 f"{student.config.hidden_size}, teacher {teacher.config.hidden_size}); set hidden_weight: 0"
             )
 
-    split = training_split(ctx, cfg)
-    data = encode(tokenizer, split, cfg.max_length)
-    logits, cache_info = cached_teacher_logits(
-        ctx, teacher, tokenizer, data, ctx.input.fingerprint, cfg.max_length, cfg.teacher_batch_size
+    student, stats, cache_info, teacher_acc = distill_from(
+        ctx, student, teacher, tokenizer, cfg, pairs, description=f"{ctx.stage_id}: distill"
     )
-    teacher_acc = float((logits.argmax(-1) == split.labels).mean() * 100)
-    if cfg.hidden_weight == 0:
-        teacher = None  # not needed any more: free its memory before training
-    loss_fn = distill_loss(torch.from_numpy(logits), cfg, teacher, pairs)
-    stats = train(ctx, student, tokenizer, data, cfg, loss_fn, description=f"{ctx.stage_id}: distill")
-    student = unwrap(student)
     hf.save(student, tokenizer, ctx.out)
     ctx.log(
         f"  student {student.config.num_hidden_layers} layers (from {origin}), {stats.examples} examples in "
@@ -364,7 +377,7 @@ def run(ctx) -> Result:
     return Result(
         format="hf",
         train=stats.as_dict(),
-        train_examples=len(data),
+        train_examples=cache_info["examples"],
         teacher_layers=n_teacher,
         student_layers=student.config.num_hidden_layers,
         initialised_from=origin,

@@ -245,8 +245,8 @@ def run(ctx) -> Result:
 
     from compress.errors import StageError
     from compress.formats import hf
-    from compress.stages.distill import cached_teacher_logits, distill_loss, training_split
-    from compress.train import collate, encode, length_sorted_batches, set_seed, train, unwrap
+    from compress.stages.distill import distill_from
+    from compress.train import collate, encode, length_sorted_batches, set_seed
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
@@ -278,16 +278,8 @@ def run(ctx) -> Result:
     recovery = None
     if cfg.recovery:
         teacher = hf.load_model(ctx.input.path).eval().to(ctx.device)
-        data = encode(tokenizer, training_split(ctx, cfg), cfg.max_length)
-        logits, cache = cached_teacher_logits(
-            ctx, teacher, tokenizer, data, ctx.input.fingerprint, cfg.max_length, cfg.teacher_batch_size
-        )
-        n_layers = model.config.num_hidden_layers
-        if cfg.hidden_weight == 0:
-            teacher = None
-        loss_fn = distill_loss(torch.from_numpy(logits), cfg, teacher, [(i, i) for i in range(n_layers)])
-        stats = train(ctx, model, tokenizer, data, cfg, loss_fn, description=f"{ctx.stage_id}: recovery")
-        model = unwrap(model)
+        pairs = [(i, i) for i in range(model.config.num_hidden_layers)]
+        model, stats, cache, _ = distill_from(ctx, model, teacher, tokenizer, cfg, pairs, f"{ctx.stage_id}: recovery")
         ctx.log(f"  recovery: {stats.examples} examples in {stats.seconds:.0f}s ({stats.examples_per_s:.0f} ex/s)")
         recovery = {"train": stats.as_dict(), "teacher_cache": cache}
 
