@@ -60,7 +60,8 @@ class DistillSettings(TrainSettings):
         0.0,
         description="Weight of the cosine loss between student and teacher hidden states of matched "
         "layers (DistilBERT: 1.0 on the last layer). Above 0 the teacher runs on every step "
-        "(hidden states are too large to cache): slower training.",
+        "(hidden states are too large to cache): training about 1.5x slower. SST-2, 3-layer MiniLM "
+        "student, whole split, one epoch, two seeds: 88.19 / 88.07 on dev with 1.0, 87.39 / 87.84 without.",
     )
     teacher_batch_size: PositiveInt = Field(64, description="Batch size of the one-off teacher pass.")
 
@@ -76,8 +77,9 @@ class DistillSettings(TrainSettings):
         description="Examples to distil on. Default: the recipe's training subset "
         "(data.max_train_examples). A number, or `all`, adds further examples of the training split "
         "(never the calibration slice): the teacher labels them once (cached), and new examples help "
-        "a small student more than more epochs over the same ones (SST-2, 3-layer MiniLM student: "
-        "all 65k examples for one epoch reached 88.2 on dev, 24k for three epochs 87.5, in similar time).",
+        "a small student at least as much as more epochs over the same ones (SST-2, 3-layer MiniLM "
+        "student, dev accuracy: all 65k examples for one epoch 87.4 and 87.8 over two seeds, 24k for "
+        "three epochs 87.5, in similar time).",
     )
     freeze_embeddings: bool = Field(
         True,

@@ -57,6 +57,36 @@ def test_distill_loss_is_the_published_formula():
     assert torch.allclose(loss, expected, atol=1e-6)
 
 
+def test_hidden_state_term_is_zero_for_matching_layers_and_the_masked_mean_cosine_otherwise(tiny_classifier_4l):
+    from transformers import AutoModelForSequenceClassification
+
+    from compress.stages.distill import DistillSettings, copy_layers, distill_loss
+
+    teacher = AutoModelForSequenceClassification.from_pretrained(tiny_classifier_4l).eval()
+    student = copy_layers(teacher, [1, 3]).eval()
+    ids = torch.randint(5, 1000, (3, 7))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[0, 4:] = 0  # padding must not count
+    batch = {"input_ids": ids, "attention_mask": mask, "idx": torch.arange(3), "labels": torch.tensor([0, 1, 0])}
+    logits = torch.randn(3, 2)
+    plain = distill_loss(logits, DistillSettings())(student, batch)
+    with_hidden = DistillSettings(hidden_weight=2.0)
+    # A student with all the teacher's layers has the teacher's hidden states: the term is 0.
+    full = copy_layers(teacher, [0, 1, 2, 3]).eval()
+    same = distill_loss(logits, with_hidden, teacher, [(1, 1), (3, 3)])(full, batch)
+    assert torch.allclose(same, distill_loss(logits, DistillSettings())(full, batch), atol=1e-6)
+    # The 2-layer student: weight * mean over pairs of the masked mean of (1 - cos) [B, T].
+    other = distill_loss(logits, with_hidden, teacher, [(0, 1), (1, 3)])(student, batch)
+    with torch.no_grad():
+        hs = student(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        ht = teacher(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    m = mask.float()
+    terms = [((1 - torch.cosine_similarity(hs[s + 1], ht[t + 1], dim=-1)) * m).sum() / m.sum() for s, t in [(0, 1), (1, 3)]]
+    extra = float(other - plain)
+    assert extra > 0
+    assert extra == pytest.approx(2.0 * float(sum(terms)) / 2, rel=1e-3)
+
+
 def test_teacher_logits_are_cached_equal_a_fresh_pass_and_reused(tiny_classifier_4l, tiny_data, tmp_path):
     from transformers import AutoTokenizer
 
