@@ -67,6 +67,11 @@ def run_benchmarks(
     results: dict[tuple[str, str], dict] = {}
     batch_sizes = sorted(set([1, *spec.batch_sizes]))
     for device in devices:
+        # Speed-ups compare variants with each other, so on one device either every variant
+        # comes from the cache or every variant is measured again now: latencies taken in
+        # different sessions differ with the machine's load (10-20% here between runs),
+        # which a cached baseline would pass on to every ratio.
+        jobs = []
         for art in variants:
             if device != "cpu" and art.format in CPU_ONLY:
                 notes.append(f"{art.id}: not benchmarked on {device}: {CPU_ONLY[art.format]}")
@@ -83,12 +88,16 @@ def run_benchmarks(
                 "eval": data.eval_fingerprint, "machine": machine,
             })
             out = folder / f"{art.id}.{device}.json"
-            if not force and out.is_file():
-                cached = _read_json(out)  # None when unreadable: measured again, never trusted
-                if cached is not None and cached.get("key") == key:
-                    log(f"  {art.id} on {device}: measured before (cached)")
-                    results[(art.id, device)] = cached
-                    continue
+            cached = None if force or not out.is_file() else _read_json(out)  # unreadable: measured again
+            jobs.append((art, job, key, cached if cached is not None and cached.get("key") == key else None))
+        if jobs and all(cached is not None for *_, cached in jobs):
+            for art, _, _, cached in jobs:
+                log(f"  {art.id} on {device}: measured before (cached)")
+                results[(art.id, device)] = cached
+            continue
+        if any(cached is not None for *_, cached in jobs):
+            log(f"  {device}: measuring every variant again, so that speed-ups come from one session")
+        for art, job, key, _ in jobs:
             log(f"  {art.id} on {device}: measuring ...")
             results[(art.id, device)] = _measure(job, key, folder, art.id, device, spec.threads)
             r = results[(art.id, device)]

@@ -4,8 +4,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import ROOT, tiny_recipe
 
 
@@ -95,6 +93,9 @@ def test_run_gate_report_and_cached_rerun(cli, write_recipe, tiny_checkpoint, ti
     # --force re-runs one stage only.
     code, _, err = cli("run", path, "--artifacts", art, "--force", "int8")
     assert "[int8] quantize_dynamic: running (forced)" in err and "[baseline] finetune: up to date" in err
+    # ... and the baseline is measured again with it: speed-ups come from one session.
+    assert "speed-ups come from one session" in err
+    assert "baseline on cpu: measuring" in err and "int8 on cpu: measuring" in err and "cached" not in err
     assert cli("run", path, "--artifacts", art, "--force", "nope")[0] == 2
 
 

@@ -89,7 +89,8 @@ def test_missing_split_file(tmp_path):
 
 
 def test_hub_id_uses_mirror_or_data_dir_and_offline_error(tmp_path, monkeypatch):
-    mirror = folder(tmp_path / "sst2" if (tmp_path / "sst2").mkdir() is None else None, synthetic_rows(20, 0), synthetic_rows(5, 1))
+    (tmp_path / "sst2").mkdir()
+    folder(tmp_path / "sst2", synthetic_rows(20, 0), synthetic_rows(5, 1))
     via_mirror = Data(spec("stanfordnlp/sst2", mirror="sst2"), tmp_path)
     monkeypatch.setenv("COMPRESS_DATA_DIR", str(tmp_path))
     via_env = Data(spec("stanfordnlp/sst2"), tmp_path / "elsewhere")
