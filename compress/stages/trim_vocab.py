@@ -44,7 +44,10 @@ class Config(StageConfig):
         description="Also keep the first N entries of the original vocabulary, bracketed placeholders "
         "such as [unused0] aside. BERT-style vocab.txt files list characters, then whole words roughly by "
         "frequency, so this keeps the commonest words that the corpus happens to lack: eval words then "
-        "keep their own embedding instead of being split into other pieces.",
+        "keep their own embedding instead of being split into other pieces. It helps less than one "
+        "would hope: on SST-2 dev, over nine pruned 3-layer MiniLM students, trimming with the whole "
+        "training split and keep_top 10000 / 14000 / 18000 changed accuracy by -0.41 / -0.34 / -0.29 "
+        "points on average (range -0.92 to +0.12): the loss comes from rare words beyond any top N.",
     )
     self_check_examples: PositiveInt = Field(
         2000, description="Training texts re-tokenized with the new tokenizer to verify ids map one to one."
