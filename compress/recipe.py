@@ -484,9 +484,9 @@ def _check_graph(recipe: Recipe, where: str) -> None:
             if problem:
                 raise RecipeError(where, f"stages[{i}].from", f"{spec.uses} cannot take '{spec.source}': {problem}")
         for key, ref in spec.config.refs().items():
-            if kind.refs_share_tokenizer and tokenizer_origin(ref) != tokenizer_origin(spec.source):
-                a, b = tokenizer_origin(spec.source), tokenizer_origin(ref)
-                why = " and ".join(f"'{o}' ({get_stage(recipe.stage(o).uses).name})" for o in (a, b) if o != MODEL_ID)
+            origins = (tokenizer_origin(spec.source), tokenizer_origin(ref)) if kind.refs_share_tokenizer else ()
+            if origins and origins[0] != origins[1]:
+                why = " and ".join(f"'{o}' ({get_stage(recipe.stage(o).uses).name})" for o in origins if o != MODEL_ID)
                 raise RecipeError(
                     where, f"stages[{i}].with.{key}",
                     f"'{ref}' and '{spec.source}' use different tokenizers (changed by {why}); "
