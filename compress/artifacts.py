@@ -55,6 +55,16 @@ class Artifact:
     # sha256 over the checksums of the files written: tells a rebuilt output (same
     # fingerprint, new files) from the one measured before.
     content: str = ""
+    # The same over the files except result.json (which holds timings): the output itself.
+    output: str = ""
+
+    @property
+    def identity(self) -> str:
+        """What dependants key on: the fingerprint and, once written, the output files. A
+        stage re-run with unchanged settings (--force, a lost folder) that writes other weights
+        (training on a GPU is not bit-reproducible) thereby re-runs its dependants and
+        invalidates caches derived from it; identical files leave them valid."""
+        return digest([self.fingerprint, self.output]) if self.output else self.fingerprint
 
 
 class ArtifactStore:
@@ -87,7 +97,9 @@ class ArtifactStore:
             return None
         folder = self.folder(stage_id)
         result = json.loads((folder / RESULT).read_text()) if (folder / RESULT).is_file() else {}
-        return Artifact(stage_id, folder, marker["format"], marker["fingerprint"], result, digest(marker["files"]))
+        files = marker["files"]
+        output = digest({k: v for k, v in files.items() if k != RESULT})
+        return Artifact(stage_id, folder, marker["format"], marker["fingerprint"], result, digest(files), output)
 
     def begin(self, stage_id: str) -> Path:
         tmp = self.root / ".tmp" / f"{stage_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

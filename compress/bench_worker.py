@@ -118,6 +118,8 @@ def measure(spec: dict) -> dict:
             "batch_size": bs, "throughput": n / (sum(times) / 1000.0),
             "p50_ms": p["p50"], "p95_ms": p["p95"], "p99_ms": p["p99"], "padding_waste": waste,
         }
+        if bs > 1:  # this pass ran every eval example: its own accuracy, free
+            entry["accuracy"] = float(accuracy_score(labels, predictions) * 100)
         if getattr(pred, "routed_share", None) is not None:
             entry["routed_share"] = pred.routed_share
         batches_out.append(entry)

@@ -34,3 +34,16 @@ def test_latency_is_the_median_of_repeated_passes(tiny_classifier, tmp_path, mon
         result = bench_worker.measure({**spec, "latency_repeats": repeats})
         assert result["ok"] and result["latency_ms"]["n"] == n
         assert (result["latency_ms"]["p50"] > 30) is slowed
+
+
+def test_every_full_pass_reports_its_own_accuracy(tiny_classifier, tmp_path):
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"text": f"film {'good ' * (i % 5)}{i}", "label": i % 2}) + "\n"
+                                 for i in range(12)))
+    spec = {"format": "hf", "path": str(tiny_classifier), "device": "cpu", "threads": 1, "batch_sizes": [1, 4, 6],
+            "max_length": 32, "warmup": 1, "max_latency_examples": 5, "eval_file": str(eval_file)}
+    result = bench_worker.measure(spec)
+    by_size = {b["batch_size"]: b for b in result["batches"]}
+    assert "accuracy" not in by_size[1]  # batch 1 times only a selection of the sentences
+    assert 0 <= by_size[4]["accuracy"] <= 100
+    assert by_size[6]["accuracy"] == result["accuracy"]  # the largest batch is the headline

@@ -99,6 +99,33 @@ def test_run_gate_report_and_cached_rerun(cli, write_recipe, tiny_checkpoint, ti
     assert cli("run", path, "--artifacts", art, "--force", "nope")[0] == 2
 
 
+def test_rebuilt_input_reruns_its_dependants_only_when_its_files_differ(
+        cli, write_recipe, tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
+    import dataclasses
+
+    from compress.stages import STAGES
+
+    path = write_recipe(tiny_recipe(tiny_checkpoint, tiny_data))
+    art = tmp_path / "art"
+    assert cli("run", path, "--artifacts", art)[0] == 0
+    # Training here is seeded and deterministic: a forced rebuild writes the same files, and
+    # the INT8 model made from them is still valid.
+    code, _, err = cli("run", path, "--artifacts", art, "--force", "baseline")
+    assert code == 0 and "[baseline] finetune: running (forced)" in err
+    assert "[int8] quantize_dynamic: up to date" in err
+    # A rebuild that writes other weights (as GPU training may) makes the INT8 model stale.
+    finetune = STAGES["finetune"]
+
+    def perturbed(ctx):
+        result = finetune.run(ctx)
+        (ctx.out / "extra.txt").write_text("another run")
+        return result
+
+    monkeypatch.setitem(STAGES, "finetune", dataclasses.replace(finetune, run=perturbed))
+    code, _, err = cli("run", path, "--artifacts", art, "--force", "baseline")
+    assert code == 0 and "[int8] quantize_dynamic: running (inputs or settings changed)" in err
+
+
 def test_cli_starts_without_heavy_imports():
     code = ("import sys; sys.argv=['compress','--help']; import compress.cli as c\n"
             "try:\n    c.main()\nexcept SystemExit: pass\n"

@@ -216,3 +216,15 @@ def test_batches_helper_is_a_monotone_curve():
     b = batches(5.0, 6.0, 100.0)
     assert [x["batch_size"] for x in b] == [1, 8, 32]
     assert all(b[i]["p95_ms"] < b[i + 1]["p95_ms"] for i in range(2))
+
+
+def test_accuracy_that_depends_on_the_batch_is_noted():
+    steady = measurement(LABELS, LABELS)
+    for b in steady["batches"][1:]:
+        b["accuracy"] = 100.0
+    moody = measurement(LABELS, LABELS)
+    moody["batches"][1]["accuracy"], moody["batches"][2]["accuracy"] = 97.5, 100.0
+    _, rows = run_decide({"baseline": steady, "moody": moody})
+    assert not any("depends on the batch" in n for n in rows["baseline"]["notes"])
+    [note] = [n for n in rows["moody"]["notes"] if "depends on the batch" in n]
+    assert "batch 8 97.50%, batch 32 100.00%" in note and "scores batch 32" in note

@@ -248,7 +248,7 @@ def distill_from(ctx: "StageContext", student, teacher, tokenizer, settings: Dis
     split = training_split(ctx, settings)
     data = encode(tokenizer, split, settings.max_length)
     logits, cache_info = cached_teacher_logits(
-        ctx, teacher, tokenizer, data, ctx.input.fingerprint, settings.max_length, settings.teacher_batch_size
+        ctx, teacher, tokenizer, data, ctx.input.identity, settings.max_length, settings.teacher_batch_size
     )
     teacher_acc = float((logits.argmax(-1) == split.labels).mean() * 100)
     live_teacher = teacher if settings.hidden_weight > 0 else None  # only the hidden-state loss runs it
