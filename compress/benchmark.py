@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING, Callable
 from compress.artifacts import digest
 from compress.formats import CPU_ONLY
 
+# What a measurement means (bench_worker): bumped when that changes, so that measurements
+# cached under the old meaning are taken again. 2: accuracy scored at batch 1.
+METHOD = 2
+
 if TYPE_CHECKING:  # pragma: no cover
     from compress.artifacts import Artifact
     from compress.data import Data
@@ -84,7 +88,7 @@ def run_benchmarks(
                 "eval_file": str(eval_file), "options": {"cuda_dtype": spec.cuda_dtype},
             }
             key = digest({
-                "artifact": art.fingerprint, "content": art.content, "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
+                "method": METHOD, "artifact": art.fingerprint, "content": art.content, "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
                 "eval": data.eval_fingerprint, "machine": machine,
             })
             out = folder / f"{art.id}.{device}.json"

@@ -1,5 +1,7 @@
 import json
 
+import numpy as np
+
 from compress import bench_worker
 
 
@@ -44,6 +46,16 @@ def test_every_full_pass_reports_its_own_accuracy(tiny_classifier, tmp_path):
             "max_length": 32, "warmup": 1, "max_latency_examples": 5, "eval_file": str(eval_file)}
     result = bench_worker.measure(spec)
     by_size = {b["batch_size"]: b for b in result["batches"]}
-    assert "accuracy" not in by_size[1]  # batch 1 times only a selection of the sentences
-    assert 0 <= by_size[4]["accuracy"] <= 100
-    assert by_size[6]["accuracy"] == result["accuracy"]  # the largest batch is the headline
+    # The headline is batch 1 over every sentence (5 timed, 7 more untimed), scored one by one.
+    assert result["latency_ms"]["n"] == 5 and len(result["predictions"]) == 12
+    assert by_size[1]["accuracy"] == result["accuracy"]
+    labels = [i % 2 for i in range(12)]
+    assert result["accuracy"] == 100 * sum(p == y for p, y in zip(result["predictions"], labels)) / 12
+    from compress.formats import load_predictor
+
+    pred = load_predictor("hf", tiny_classifier, "cpu", 1, {})
+    texts = [json.loads(line)["text"] for line in eval_file.read_text().splitlines()]
+    alone = [int(pred({k: np.asarray([v]) for k, v in pred.tokenizer(t, truncation=True, max_length=32).items()
+                       if k in ("input_ids", "attention_mask", "token_type_ids")}).argmax(-1)[0]) for t in texts]
+    assert result["predictions"] == alone
+    assert all(0 <= by_size[b]["accuracy"] <= 100 for b in (4, 6))

@@ -220,11 +220,12 @@ def test_batches_helper_is_a_monotone_curve():
 
 def test_accuracy_that_depends_on_the_batch_is_noted():
     steady = measurement(LABELS, LABELS)
-    for b in steady["batches"][1:]:
+    for b in steady["batches"]:
         b["accuracy"] = 100.0
     moody = measurement(LABELS, LABELS)
-    moody["batches"][1]["accuracy"], moody["batches"][2]["accuracy"] = 97.5, 100.0
+    for b, acc in zip(moody["batches"], (100.0, 97.5, 100.0)):
+        b["accuracy"] = acc
     _, rows = run_decide({"baseline": steady, "moody": moody})
     assert not any("depends on the batch" in n for n in rows["baseline"]["notes"])
     [note] = [n for n in rows["moody"]["notes"] if "depends on the batch" in n]
-    assert "batch 8 97.50%, batch 32 100.00%" in note and "scores batch 32" in note
+    assert "batch 1 100.00%, batch 8 97.50%, batch 32 100.00%" in note and "scores batch 1" in note
