@@ -229,7 +229,7 @@ def _json(obj) -> str:
 
 def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads) -> dict:
     from compress import manifest
-    from compress.benchmark import run_benchmarks
+    from compress.benchmark import METHOD, run_benchmarks
     from compress.decision import build_rows, decide
     from compress.report import write_reports
 
@@ -281,6 +281,7 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
             "versions": vers,
             "hardware": hw,
             "threads": threads,
+            "benchmark_method": METHOD,
             "seeds": seeds,
             "data": data.describe(),
             "model": {"source": recipe.model.source, "path": str(model.path), "origin": model.origin,

@@ -117,3 +117,18 @@ def test_added_removed_and_failed_variants(tmp_path):
     cmp = compare(a, b)
     assert "benchmark now fails" in row(cmp, "int8")["regressions"][0]
     assert "int8" in markdown(cmp)
+
+
+def test_runs_of_different_benchmark_methods_are_noted(tmp_path):
+    from compress.benchmark import METHOD
+
+    res = results()
+    old = make_report(res, LABELS)  # a report from before the method was recorded
+    old["manifest"].pop("benchmark_method", None)
+    new = make_report(res, LABELS)
+    new["manifest"]["benchmark_method"] = METHOD
+    a = write_run(tmp_path / "a", old, res, LABELS)
+    b = write_run(tmp_path / "b", new, res, LABELS)
+    assert any("different benchmark methods (1 vs 2" in n for n in compare(a, b)["notes"])
+    c = write_run(tmp_path / "c", new, res, LABELS)
+    assert not any("benchmark methods" in n for n in compare(b, c)["notes"])
