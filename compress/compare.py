@@ -100,7 +100,7 @@ def compare(path_a: Path, path_b: Path) -> dict:
     fp_a = a.get("manifest", {}).get("data", {}).get("eval_fingerprint")
     if fp_a != b.get("manifest", {}).get("data", {}).get("eval_fingerprint"):
         notes.append("the runs scored different eval data: accuracy changes mix model and data changes")
-    # Reports from before the method was recorded scored accuracy on the largest batch (1).
+    # A report without the field is method 1: accuracy scored on the largest batch's pass.
     method_a, method_b = (r.get("manifest", {}).get("benchmark_method", 1) for r in (a, b))
     if method_a != method_b:
         notes.append(f"the runs were measured by different benchmark methods ({method_a} vs {method_b}: "
