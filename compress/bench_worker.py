@@ -93,6 +93,8 @@ def measure(spec: dict) -> dict:
     lat_idx = np.linspace(0, len(rows) - 1, n_lat).round().astype(int).tolist()
     passes = [timed_pass([[i] for i in lat_idx]) for _ in range(int(spec.get("latency_repeats", 1)))]
     lat_ms = np.median(np.array([t for t, _ in passes]), axis=0).tolist()  # [n_lat]: per sentence, the median pass
+    if spec.get("latency_only"):  # a later benchmark round (compress.benchmark): the timings alone
+        return {"ok": True, "sentence_ms": lat_ms}
     latency = _percentiles(lat_ms)
 
     # Accuracy is scored at batch 1, one request at a time as a latency-bound service runs:
@@ -146,6 +148,7 @@ def measure(spec: dict) -> dict:
         "macro_f1": float(f1_score(labels, predictions, average="macro") * 100),
         "predictions": predictions.astype(int).tolist(),
         "latency_ms": latency,
+        "sentence_ms": lat_ms,  # [n_lat] batch-1 latency per timed sentence, for merging rounds
         "batches": batches_out,
         "notes": pred.notes,
         "effective_device": getattr(pred, "effective_device", spec["device"]),

@@ -16,8 +16,9 @@ from compress.artifacts import digest
 from compress.formats import CPU_ONLY
 
 # What a measurement means (bench_worker): bumped when that changes, so that measurements
-# cached under the old meaning are taken again. 2: accuracy scored at batch 1.
-METHOD = 2
+# cached under the old meaning are taken again. 2: accuracy scored at batch 1. 3: batch-1
+# latency is the median over rounds (BenchmarkSpec.latency_rounds).
+METHOD = 3
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.artifacts import Artifact
@@ -84,7 +85,7 @@ def run_benchmarks(
                 "format": art.format, "path": str(art.path), "device": device,
                 "threads": spec.threads, "batch_sizes": batch_sizes, "max_length": spec.max_length,
                 "warmup": spec.warmup, "max_latency_examples": spec.max_latency_examples,
-                "latency_repeats": spec.latency_repeats,
+                "latency_repeats": spec.latency_repeats, "latency_rounds": spec.latency_rounds,
                 "eval_file": str(eval_file), "options": {"cuda_dtype": spec.cuda_dtype},
             }
             key = digest({
@@ -101,16 +102,59 @@ def run_benchmarks(
             continue
         if any(cached is not None for *_, cached in jobs):
             log(f"  {device}: measuring every variant again, so that speed-ups come from one session")
-        for art, job, key, _ in jobs:
+        measured: dict[str, dict] = {}
+        for art, job, _, _ in jobs:
             log(f"  {art.id} on {device}: measuring ...")
-            results[(art.id, device)] = _measure(job, key, folder, art.id, device, spec.threads)
-            r = results[(art.id, device)]
+            r = measured[art.id] = _run_worker(job, folder, art.id, device, spec.threads)
             if r.get("ok"):
                 log(f"    accuracy {r['accuracy']:.2f}  p50 {r['latency_ms']['p50']:.2f} ms  "
                     f"size {r['size_bytes'] / 1e6:.1f} MB")
             else:
                 log(f"    failed: {r.get('error')}")
+        timed = [(art, job) for art, job, _, _ in jobs if measured[art.id].get("ok")]
+        extra: dict[str, list[list[float]]] = {art.id: [] for art, _ in timed}
+        for rnd in range(1, spec.latency_rounds if timed else 1):
+            # Each round starts further along the list, so that no variant is always timed
+            # next to the same neighbour or at the same point of the session.
+            start = rnd * len(timed) // spec.latency_rounds
+            log(f"  {device}: latency round {rnd + 1}/{spec.latency_rounds}")
+            for art, job in timed[start:] + timed[:start]:
+                r = _run_worker({**job, "latency_only": True}, folder, art.id, device, spec.threads)
+                if r.get("ok"):
+                    extra[art.id].append(r["sentence_ms"])
+                else:
+                    log(f"    {art.id}: round {rnd + 1} failed ({r.get('error')}); its other rounds count")
+        for art, job, key, _ in jobs:
+            r = measured[art.id]
+            if r.get("ok"):
+                merge_rounds(r, extra[art.id])
+                if extra[art.id]:
+                    log(f"  {art.id}: p50 " + " / ".join(f"{p:.2f}" for p in r["latency_rounds_p50"])
+                        + f" ms over {len(r['latency_rounds_p50'])} rounds -> {r['latency_ms']['p50']:.2f}")
+            r["key"] = key
+            _store(folder / f"{art.id}.{device}.json", r)
+            results[(art.id, device)] = r
     return results, notes
+
+
+def merge_rounds(result: dict, rounds: list[list[float]]) -> None:
+    """Folds later rounds' batch-1 timings into a worker's result, in place: a sentence's
+    latency becomes its median over all rounds (the first round's `sentence_ms` included),
+    and the batch-1 percentiles and throughput are taken from those medians."""
+    import numpy as np
+
+    from compress.bench_worker import _percentiles
+
+    first = result.pop("sentence_ms")
+    per_round = np.array([first, *rounds])  # [rounds, sentences] ms
+    merged = np.median(per_round, axis=0)
+    result["latency_ms"] = _percentiles(merged.tolist())
+    result["latency_rounds_p50"] = [float(np.percentile(r, 50)) for r in per_round]
+    for entry in result["batches"]:
+        if entry["batch_size"] == 1:
+            p = result["latency_ms"]
+            entry.update({"p50_ms": p["p50"], "p95_ms": p["p95"], "p99_ms": p["p99"],
+                          "throughput": merged.size / (merged.sum() / 1000.0)})
 
 
 def _read_json(path: Path) -> dict | None:
@@ -121,15 +165,15 @@ def _read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _measure(job: dict, key: str, folder: Path, vid: str, device: str, threads: int) -> dict:
+def _run_worker(job: dict, folder: Path, vid: str, device: str, threads: int) -> dict:
+    """Runs compress.bench_worker on `job` in a fresh process; its result, or {ok: False, error}."""
     spec_path = folder / f"{vid}.{device}.spec.json"
-    out_path = folder / f"{vid}.{device}.json"
+    out_path = folder / f"{vid}.{device}.worker.json"
     spec_path.write_text(json.dumps(job))
     env = dict(os.environ)
     # Fix the thread pools of every runtime before it starts (torch, OpenMP, MKL, ORT).
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"})
-    if out_path.exists():
-        out_path.unlink()
+    out_path.unlink(missing_ok=True)
     proc = subprocess.run(
         [sys.executable, "-m", "compress.bench_worker", str(spec_path), str(out_path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -139,12 +183,17 @@ def _measure(job: dict, key: str, folder: Path, vid: str, device: str, threads: 
     else:
         tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         result = {"ok": False, "error": f"benchmark process died: {tail[0][:200]}"}
-    result["key"] = key
-    if result.get("ok"):  # failures are not cached: the next run tries again
-        part = out_path.with_suffix(".part")  # atomic: a run killed here leaves no half file
-        part.write_text(json.dumps(result))
-        part.rename(out_path)
-    elif out_path.exists():
-        out_path.unlink()
+    out_path.unlink(missing_ok=True)
     spec_path.unlink(missing_ok=True)
     return result
+
+
+def _store(path: Path, result: dict) -> None:
+    """Caches a successful measurement atomically (a run killed here leaves no half file);
+    failures are not cached: the next run tries again."""
+    if result.get("ok"):
+        part = path.with_suffix(".part")
+        part.write_text(json.dumps(result))
+        part.rename(path)
+    else:
+        path.unlink(missing_ok=True)

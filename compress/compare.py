@@ -104,7 +104,8 @@ def compare(path_a: Path, path_b: Path) -> dict:
     method_a, method_b = (r.get("manifest", {}).get("benchmark_method", 1) for r in (a, b))
     if method_a != method_b:
         notes.append(f"the runs were measured by different benchmark methods ({method_a} vs {method_b}: "
-                     f"accuracy is scored at batch 1 from method 2 on); accuracy changes mix model and method")
+                     f"accuracy is scored at batch 1 from method 2 on, batch-1 latency is a median over "
+                     f"rounds from method 3 on); accuracy and latency changes mix model and method")
     samples = int(b.get("manifest", {}).get("recipe", {}).get("benchmark", {}).get("bootstrap_samples", 1000))
 
     rows_a = {(r["id"], r["device"]): r for r in a["rows"]}

@@ -75,6 +75,7 @@ def build_rows(
                 "params": r["params"],
                 "memory_mb": (r["memory_bytes"] / 1e6) if r.get("memory_bytes") else None,
                 "latency_ms": {k: r["latency_ms"][k] for k in ("p50", "p95", "p99")},
+                "latency_rounds_p50": r.get("latency_rounds_p50"),  # each round's p50; latency_ms merges them
                 "p95_ms": r["latency_ms"]["p95"],
                 "throughput": {str(b["batch_size"]): b["throughput"] for b in r["batches"]},
                 "batches": r["batches"],

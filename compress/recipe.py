@@ -142,9 +142,20 @@ class BenchmarkSpec(Strict):
         "(a fixed, evenly spaced selection; all when unset).",
     )
     latency_repeats: PositiveInt = Field(
+        1,
+        description="Timed passes over the latency selection in each round (see `latency_rounds`); a "
+        "sentence's latency in a round is the median of its passes, so a short burst of other load "
+        "does not move the percentiles.",
+    )
+    latency_rounds: PositiveInt = Field(
         3,
-        description="Timed passes over the latency selection; a sentence's latency is the median "
-        "of its passes, so a short burst of other load on the machine does not move the percentiles.",
+        description="Rounds of batch-1 timing. The first round measures everything; each later round "
+        "times the latency selection of every variant again, in a fresh process, starting the order "
+        "further along (1/rounds of the list each time), and a sentence's latency is its median over "
+        "the rounds. A slow spell of the machine (a noisy neighbour) lasting a whole variant's "
+        "measurement then has to recur on that variant in most rounds to move its figures or its "
+        "speed-up. A round costs a process start and a model load per variant (a few seconds on a "
+        "CPU) plus the timed passes.",
     )
     bootstrap_samples: PositiveInt = Field(
         1000, description="Paired bootstrap resamples for the accuracy-delta interval."

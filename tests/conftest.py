@@ -120,7 +120,7 @@ def tiny_recipe(model: Path, data: Path, **over) -> dict:
              "with": {"calibration_examples": 64, "sensitivity_examples": 32}},
         ],
         "benchmark": {"devices": ["cpu"], "threads": 1, "batch_sizes": [1, 8], "warmup": 2,
-                      "max_latency_examples": 20, "bootstrap_samples": 200},
+                      "max_latency_examples": 20, "latency_rounds": 1, "bootstrap_samples": 200},
         "budget": {"max_accuracy_drop": 5.0},
     }
     for key, value in over.items():
@@ -161,7 +161,7 @@ def tiny_classifier_4l(tmp_path_factory, tokenizer_dir) -> Path:
 
 
 def run_stage(model: Path, data: Path, out: Path, uses: str, settings: dict, *, cache_root: Path | None = None,
-              fingerprint: str = "input-fp", max_train_examples: int = 200):
+              fingerprint: str = "input-fp", max_train_examples: int = 200, log=None):
     """Runs one stage kind directly on `model` (no runner, no benchmark): returns its result.
     Writes into `out` (created empty); the run cache goes to `cache_root` (default out/../cache)."""
     import shutil
@@ -186,7 +186,7 @@ def run_stage(model: Path, data: Path, out: Path, uses: str, settings: dict, *, 
     ctx = StageContext(
         stage_id="stage", config=recipe.stage("stage").config,
         input=Artifact("model", resolved.path, resolved.format, fingerprint), out=out, recipe=recipe,
-        _data=lambda: dataset, log=lambda m: None, threads=1,
+        _data=lambda: dataset, log=log or (lambda m: None), threads=1,
         cache_root=cache_root if cache_root is not None else out.parent / "cache",
     )
     return get_stage(uses).run(ctx)

@@ -59,3 +59,14 @@ def test_every_full_pass_reports_its_own_accuracy(tiny_classifier, tmp_path):
                        if k in ("input_ids", "attention_mask", "token_type_ids")}).argmax(-1)[0]) for t in texts]
     assert result["predictions"] == alone
     assert all(0 <= by_size[b]["accuracy"] <= 100 for b in (4, 6))
+
+
+def test_a_later_round_times_the_selection_only(tiny_classifier, tmp_path):
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"text": f"film {i}", "label": i % 2}) + "\n" for i in range(9)))
+    spec = {"format": "hf", "path": str(tiny_classifier), "device": "cpu", "threads": 1, "batch_sizes": [1, 4],
+            "max_length": 32, "warmup": 1, "max_latency_examples": 6, "eval_file": str(eval_file)}
+    full = bench_worker.measure(spec)
+    later = bench_worker.measure({**spec, "latency_only": True})
+    assert len(full["sentence_ms"]) == 6 and set(later) == {"ok", "sentence_ms"} and len(later["sentence_ms"]) == 6
+    assert all(t > 0 for t in later["sentence_ms"])

@@ -38,6 +38,8 @@ from compress.registry import StageKind, StageResult
 from compress.train import TrainSettings
 
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
     import numpy as np
     import torch
 
@@ -218,7 +220,7 @@ def distill_loss(
     def loss_fn(model, batch: dict) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k not in ("idx", "labels")}
         out = model(**inputs, output_hidden_states=use_hidden)
-        s = out.logits  # [B, C]
+        s = out.logits.float()  # [B, C]; fp32 even under bf16 autocast, for the softmaxes
         t = teacher_logits[batch["idx"].cpu()].to(s.device, s.dtype)  # [B, C]
         kd = F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True, reduction="batchmean")
         loss = alpha * kd * (T * T) + (1 - alpha) * F.cross_entropy(s, batch["labels"])
@@ -228,7 +230,7 @@ def distill_loss(
             mask = inputs["attention_mask"].to(s.dtype)  # [B, T]: padding does not count
             cos = 0.0
             for si, ti in layer_pairs:  # hidden_states[0] is the embedding output
-                c = F.cosine_similarity(out.hidden_states[si + 1], t_hidden[ti + 1], dim=-1)  # [B, T]
+                c = F.cosine_similarity(out.hidden_states[si + 1].float(), t_hidden[ti + 1].float(), dim=-1)  # [B, T]
                 cos = cos + ((1 - c) * mask).sum() / mask.sum()
             loss = loss + beta * cos / len(layer_pairs)
         return loss
@@ -237,10 +239,13 @@ def distill_loss(
 
 
 def distill_from(ctx: "StageContext", student, teacher, tokenizer, settings: DistillSettings,
-                 layer_pairs: list[tuple[int, int]], description: str):
+                 layer_pairs: list[tuple[int, int]], description: str,
+                 student_inputs: "Callable[[Encoded], Encoded] | None" = None):
     """Trains `student` towards `teacher` (the stage's input) on `training_split`, with the
-    teacher's logits from the run cache. Returns (the unwrapped student, TrainStats, cache
-    info, the teacher's accuracy on those training examples in percent)."""
+    teacher's logits from the run cache. `student_inputs` maps the teacher's tokenised
+    examples to what the student sees instead (same examples, same order: trim_vocab's
+    re-split words). Returns (the unwrapped student, TrainStats, cache info, the teacher's
+    accuracy on those training examples in percent)."""
     import torch
 
     from compress.train import encode, train, unwrap
@@ -253,7 +258,8 @@ def distill_from(ctx: "StageContext", student, teacher, tokenizer, settings: Dis
     teacher_acc = float((logits.argmax(-1) == split.labels).mean() * 100)
     live_teacher = teacher if settings.hidden_weight > 0 else None  # only the hidden-state loss runs it
     loss_fn = distill_loss(torch.from_numpy(logits), settings, live_teacher, layer_pairs)
-    stats = train(ctx, student, tokenizer, data, settings, loss_fn, description=description)
+    student_data = student_inputs(data) if student_inputs is not None else data
+    stats = train(ctx, student, tokenizer, student_data, settings, loss_fn, description=description)
     return unwrap(student), stats, cache_info, teacher_acc
 
 

@@ -85,10 +85,59 @@ def test_unknown_words_become_unk_and_coverage_is_reported(tiny_classifier, tiny
     assert wider.vocab_after > result.vocab_after
 
 
+def test_resplit_spells_the_same_words_with_pieces_the_trimmed_vocabulary_keeps(tiny_classifier):
+    from transformers import AutoTokenizer
+
+    from compress.stages.trim_vocab import resplitter
+    from compress.train import Encoded
+
+    tok = AutoTokenizer.from_pretrained(tiny_classifier)
+    texts = ["the wonderful movie was terrible", "a fun day"]
+    enc = tok(texts, ["story", "yes"])  # a pair: segment ids must follow the pieces
+    feats = [{k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")} | {"labels": 1, "idx": i}
+             for i in range(2)]
+    data = Encoded(feats, np.array([len(f["input_ids"]) for f in feats]))
+    keep = set(tok.get_vocab().values()) - {tok.convert_tokens_to_ids("terrible")}
+    stats = {}
+    out = resplitter(tok, keep, 1.0, 0, 64, stats)(data)
+    words = out.features[0]
+    tokens = tok.convert_ids_to_tokens(words["input_ids"])
+    assert tok.convert_tokens_to_string(tokens) == "[CLS] the wonderful movie was terrible [SEP] story [SEP]"
+    # Every whole word of 4+ letters is split (prob 1): "wonderful" loses its own entry, and a
+    # word whose entry is not kept splits as the trimmed tokenizer would split it anyway.
+    assert "wonderful" not in tokens and "terrible" not in tokens and "movie" not in tokens
+    assert {"the", "was"} <= set(tokens) and len(tokens) > len(feats[0]["input_ids"])
+    assert words["token_type_ids"] == [0] * tokens.index("[SEP]") + [0] + [1] * (len(tokens) - tokens.index("[SEP]") - 1)
+    assert len(words["attention_mask"]) == len(tokens) and out.lengths[0] == len(tokens)
+    assert out.features[1]["input_ids"] == feats[1]["input_ids"]  # nothing long enough to split
+    assert 0 < stats["tokens_split"] < 1 and out.features[0]["idx"] == 0
+    assert resplitter(tok, keep, 0.0, 0, 64, {})(data).features == feats  # prob 0: unchanged
+    assert resplitter(tok, keep, 1.0, 0, 8, {})(data).features[0] == feats[0]  # would outgrow max_length
+
+
+def test_recovery_trains_on_resplit_text_before_cutting(tiny_classifier, tiny_data, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    result = run_stage(tiny_classifier, tiny_data, tmp_path / "out", "trim_vocab",
+                       {"recovery": True, "split_prob": 0.5, "keep_characters": True, "lr": 1e-3, "batch_size": 16,
+                        "max_length": 32})
+    rec = result.recovery
+    assert rec["train"]["examples"] == 200 and 0 < rec["tokens_split"] < 0.5
+    assert rec["teacher_cache"]["examples"] == 200
+    plain = run_stage(tiny_classifier, tiny_data, tmp_path / "plain", "trim_vocab", {"keep_characters": True})
+    assert plain.recovery is None and plain.vocab_after == result.vocab_after
+    a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", use_safetensors=True).state_dict()
+    b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "plain", use_safetensors=True).state_dict()
+    assert torch.equal(a["bert.embeddings.word_embeddings.weight"], b["bert.embeddings.word_embeddings.weight"])  # frozen
+    assert not torch.equal(a["classifier.weight"], b["classifier.weight"])  # trained
+
+
 @pytest.mark.parametrize("settings, key", [
     ({"corpus": "eval"}, "stages[1].with.corpus"),
     ({"min_count": 0}, "stages[1].with.min_count"),
     ({"keep_list": ["a"]}, "stages[1].with.keep_list"),
+    ({"recovery": True, "split_prob": 1.5}, "stages[1].with.split_prob"),
+    ({"recovery": True, "hidden_weight": 1.0}, "stages[1].with"),
 ])
 def test_bad_settings_fail_validation_naming_the_key(tiny_checkpoint, tiny_data, settings, key):
     raw = tiny_recipe(tiny_checkpoint, tiny_data)

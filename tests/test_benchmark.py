@@ -1,0 +1,69 @@
+"""compress.benchmark: rounds of batch-1 timing, merged per sentence (the worker is faked)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from compress import benchmark
+from compress.recipe import BenchmarkSpec
+
+
+def _worker_result(ms: list[float]) -> dict:
+    return {"ok": True, "accuracy": 90.0, "size_bytes": 1e6, "sentence_ms": ms,
+            "latency_ms": {"p50": ms[0]}, "batches": [{"batch_size": 1, "p50_ms": ms[0], "throughput": 0.0},
+                                                      {"batch_size": 8, "p50_ms": 99.0, "throughput": 7.0}]}
+
+
+def test_merge_takes_each_sentences_median_over_rounds():
+    result = _worker_result([10.0, 12.0, 14.0, 16.0])
+    benchmark.merge_rounds(result, [[40.0, 42.0, 44.0, 46.0], [10.0, 12.0, 14.0, 16.0]])  # round 2 in a slow spell
+    assert result["latency_ms"]["p50"] == pytest.approx(13.0)
+    assert result["latency_rounds_p50"] == pytest.approx([13.0, 43.0, 13.0])
+    one = next(b for b in result["batches"] if b["batch_size"] == 1)
+    assert one["p50_ms"] == pytest.approx(13.0) and one["throughput"] == pytest.approx(4 / 0.052)
+    assert next(b for b in result["batches"] if b["batch_size"] == 8)["p50_ms"] == 99.0  # untouched
+    assert "sentence_ms" not in result
+
+
+def test_rounds_rotate_the_order_and_outvote_a_slow_spell(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_worker(job, folder, vid, device, threads):
+        calls.append((vid, bool(job.get("latency_only"))))
+        rnd = sum(1 for v, _ in calls if v == vid)
+        ms = [50.0] * 4 if (vid == "b" and rnd == 2) else [10.0] * 4  # b is caught by a spell once
+        return {"ok": True, "sentence_ms": ms} if job.get("latency_only") else _worker_result(ms)
+
+    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    arts = [SimpleNamespace(id=v, format="hf", path=tmp_path / v, fingerprint=v, content=v) for v in "abc"]
+    data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
+    spec = BenchmarkSpec(devices=["cpu"], latency_rounds=3)
+    results, _ = benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None)
+
+    assert calls == [("a", False), ("b", False), ("c", False),
+                     ("b", True), ("c", True), ("a", True),   # round 2 starts a third along
+                     ("c", True), ("a", True), ("b", True)]   # round 3 two thirds along
+    b = results[("b", "cpu")]
+    assert b["latency_ms"]["p50"] == 10.0 and b["latency_rounds_p50"] == [10.0, 50.0, 10.0]
+
+    calls.clear()  # same artifacts, settings and machine: every figure comes from the cache
+    again, _ = benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None)
+    assert calls == [] and again[("b", "cpu")]["latency_ms"] == b["latency_ms"]
+
+
+def test_a_failed_variant_sits_out_the_later_rounds(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_worker(job, folder, vid, device, threads):
+        calls.append(vid)
+        if vid == "a":
+            return {"ok": False, "error": "boom"}
+        return {"ok": True, "sentence_ms": [5.0]} if job.get("latency_only") else _worker_result([5.0])
+
+    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    arts = [SimpleNamespace(id=v, format="hf", path=tmp_path / v, fingerprint=v, content=v) for v in "ab"]
+    data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
+    results, _ = benchmark.run_benchmarks(arts, BenchmarkSpec(devices=["cpu"], latency_rounds=2), data, tmp_path,
+                                          {"cpu": "test"}, log=lambda s: None)
+    assert calls == ["a", "b", "b"] and not results[("a", "cpu")]["ok"]
+    assert not (tmp_path / "a.cpu.json").exists() and (tmp_path / "b.cpu.json").exists()  # failures are not cached

@@ -1,0 +1,45 @@
+"""compress.train: the shared loop's precision setting (the loop itself is covered by every training stage)."""
+
+import torch
+
+from tests.conftest import run_stage
+
+
+def _linear_dtypes(monkeypatch):
+    """Records the dtype of every nn.Linear output while training runs."""
+    seen = set()
+    original = torch.nn.Linear.forward
+
+    def forward(self, x):
+        y = original(self, x)
+        seen.add(y.dtype)
+        return y
+
+    monkeypatch.setattr(torch.nn.Linear, "forward", forward)
+    return seen
+
+
+def test_bf16_trains_under_autocast_and_saves_fp32_weights(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
+    from transformers import AutoModelForSequenceClassification
+
+    seen = _linear_dtypes(monkeypatch)
+    result = run_stage(tiny_checkpoint, tiny_data, tmp_path / "bf16", "finetune",
+                       {"precision": "bf16", "epochs": 1, "lr": 3e-3, "batch_size": 16, "max_length": 32})
+    assert torch.bfloat16 in seen and result.train["final_loss"] == result.train["final_loss"]  # not NaN
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "bf16", use_safetensors=True)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+    seen.clear()
+    run_stage(tiny_checkpoint, tiny_data, tmp_path / "fp32", "finetune",
+              {"epochs": 1, "lr": 3e-3, "batch_size": 16, "max_length": 32})
+    assert seen == {torch.float32}
+
+
+def test_emulated_bf16_is_announced(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
+    import compress.train as train_mod
+
+    monkeypatch.setattr(train_mod, "bf16_native", lambda device: False)
+    logged = []
+    run_stage(tiny_checkpoint, tiny_data, tmp_path / "out", "finetune",
+              {"precision": "bf16", "epochs": 0.1, "batch_size": 16, "max_length": 32}, log=logged.append)
+    assert any("emulated" in m for m in logged)
