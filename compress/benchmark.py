@@ -85,11 +85,11 @@ def run_benchmarks(
                 "format": art.format, "path": str(art.path), "device": device,
                 "threads": spec.threads, "batch_sizes": batch_sizes, "max_length": spec.max_length,
                 "warmup": spec.warmup, "max_latency_examples": spec.max_latency_examples,
-                "latency_repeats": spec.latency_repeats, "latency_rounds": spec.latency_rounds,
+                "latency_repeats": spec.latency_repeats,
                 "eval_file": str(eval_file), "options": {"cuda_dtype": spec.cuda_dtype},
             }
             key = digest({
-                "method": METHOD, "artifact": art.fingerprint, "content": art.content, "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
+                "method": METHOD, "rounds": spec.latency_rounds, "artifact": art.fingerprint, "content": art.content, "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
                 "eval": data.eval_fingerprint, "machine": machine,
             })
             out = folder / f"{art.id}.{device}.json"
@@ -124,7 +124,7 @@ def run_benchmarks(
                     extra[art.id].append(r["sentence_ms"])
                 else:
                     log(f"    {art.id}: round {rnd + 1} failed ({r.get('error')}); its other rounds count")
-        for art, job, key, _ in jobs:
+        for art, _, key, _ in jobs:
             r = measured[art.id]
             if r.get("ok"):
                 merge_rounds(r, extra[art.id])

@@ -85,7 +85,6 @@ class Config(DistillSettings):
         2000, description="Training texts re-tokenized with the new tokenizer to verify ids map one to one."
     )
 
-
     @model_validator(mode="after")
     def _no_hidden_loss(self):
         if self.hidden_weight > 0:
@@ -280,10 +279,8 @@ def run(ctx) -> Result:
         import copy
 
         from compress.stages.distill import distill_from
-        from compress.train import set_seed
 
-        set_seed(cfg.seed)
-        teacher = model.to(ctx.device)
+        teacher = model.to(ctx.device)  # train() seeds the student's training itself
         split_stats: dict = {}
         perturb = resplitter(tok, set(keep_ids), cfg.split_prob, cfg.seed, cfg.max_length, split_stats)
         student, stats, cache, _ = distill_from(ctx, copy.deepcopy(teacher), teacher, tok, cfg, [],
