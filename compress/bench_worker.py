@@ -34,7 +34,8 @@ def _pad(enc: dict, idx: list[int], pad_id: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _percentiles(ms: list[float]) -> dict:
+def percentiles(ms: list[float]) -> dict:
+    """p50, p95, p99 and mean of latencies in ms, and their count."""
     a = np.asarray(ms)
     return {
         "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
@@ -42,32 +43,92 @@ def _percentiles(ms: list[float]) -> dict:
     }
 
 
-def measure(spec: dict) -> dict:
-    from sklearn.metrics import accuracy_score, f1_score
-
+def _load(spec: dict):
     from compress.formats import load_predictor
-    from compress.train import length_sorted_batches
 
-    threads = int(spec["threads"])
     if spec["format"] != "onnx":
         import torch
 
-        torch.set_num_threads(threads)
-    t0 = time.perf_counter()
-    pred = load_predictor(spec["format"], Path(spec["path"]), spec["device"], threads, spec.get("options", {}))
-    load_s = time.perf_counter() - t0
+        torch.set_num_threads(int(spec["threads"]))
+    return load_predictor(spec["format"], Path(spec["path"]), spec["device"], int(spec["threads"]), spec.get("options", {}))
 
+
+def _read_eval(spec: dict) -> tuple[list[str], list[str] | None, np.ndarray]:
     rows = [json.loads(line) for line in Path(spec["eval_file"]).read_text().splitlines() if line]
-    texts = [r["text"] for r in rows]
     pairs = [r["pair"] for r in rows] if rows and "pair" in rows[0] else None
-    labels = np.array([r["label"] for r in rows])
+    return [r["text"] for r in rows], pairs, np.array([r["label"] for r in rows])
+
+
+def _encode(pred, texts: list[str], pairs: list[str] | None, max_length: int) -> tuple[dict, int]:
+    """Each variant's own tokenizer (a trimmed vocabulary has its own ids): {name: [[ids]]}, pad id."""
     tok = pred.tokenizer
-    enc = tok(texts, pairs, truncation=True, max_length=int(spec["max_length"]))
+    enc = tok(texts, pairs, truncation=True, max_length=max_length)
     enc = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
     if pred.input_names is not None:  # an ONNX graph may not take every tokenizer output
         enc = {k: v for k, v in enc.items() if k in pred.input_names}
+    return enc, tok.pad_token_id if tok.pad_token_id is not None else 0
+
+
+def _latency_selection(n_rows: int, spec: dict) -> list[int]:
+    """The eval sentences timed one by one: an evenly spaced selection, the same for every variant."""
+    n_lat = min(n_rows, int(spec.get("max_latency_examples") or n_rows))
+    return np.linspace(0, n_rows - 1, n_lat).round().astype(int).tolist()
+
+
+def _timed(pred, batch: dict) -> tuple[float, np.ndarray]:
+    start = time.perf_counter()
+    logits = pred(batch)
+    pred.sync()
+    return (time.perf_counter() - start) * 1000.0, logits
+
+
+# Sentences per turn when two models are timed alternately (measure_paired): long enough
+# for a model's weights to be back in cache after the first call of its turn, short
+# enough (a tenth of a second or so) that a slow spell of the machine covers both.
+PAIR_BLOCK = 20
+
+
+def measure_paired(spec: dict) -> dict:
+    """A later benchmark round that times the variant and a reference (the baseline) in one
+    process, alternately, PAIR_BLOCK sentences each turn, the order swapped every turn
+    (ABBA). Whatever else the machine is doing then slows both about equally, so the ratio
+    of their latencies is steadier than that of two separate measurements."""
+    ref_spec = {**spec, **spec["pair"]}
+    preds = [_load(spec), _load(ref_spec)]
+    texts, pairs, _ = _read_eval(spec)
+    idx = _latency_selection(len(texts), spec)
+    inputs = []  # per model: the selection as batches of one, with its own tokenizer
+    for pred in preds:
+        enc, pad_id = _encode(pred, texts, pairs, int(spec["max_length"]))
+        inputs.append([_pad(enc, [i], pad_id) for i in idx])
+    for pred, batches in zip(preds, inputs):
+        for b in batches[: max(int(spec["warmup"]), 1)]:
+            pred(b)
+        pred.sync()
+    repeats = int(spec.get("latency_repeats", 1))
+    ms = np.zeros((repeats, 2, len(idx)))  # [pass, model, sentence]
+    for rep in range(repeats):
+        for turn, start in enumerate(range(0, len(idx), PAIR_BLOCK)):
+            for m in ((0, 1) if turn % 2 == 0 else (1, 0)):
+                for i in range(start, min(start + PAIR_BLOCK, len(idx))):
+                    ms[rep, m, i] = _timed(preds[m], inputs[m][i])[0]
+    merged = np.median(ms, axis=0)  # [model, sentence]: per sentence, the median pass
+    return {"ok": True, "sentence_ms": merged[0].tolist(), "pair_sentence_ms": merged[1].tolist()}
+
+
+def measure(spec: dict) -> dict:
+    from sklearn.metrics import accuracy_score, f1_score
+
+    from compress.train import length_sorted_batches
+
+    threads = int(spec["threads"])
+    t0 = time.perf_counter()
+    pred = _load(spec)
+    load_s = time.perf_counter() - t0
+
+    texts, pairs, labels = _read_eval(spec)
+    enc, pad_id = _encode(pred, texts, pairs, int(spec["max_length"]))
     lengths = np.array([len(x) for x in enc["input_ids"]])
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     warmup = int(spec["warmup"])
 
     def timed_pass(batches: list[list[int]]) -> tuple[list[float], np.ndarray | None]:
@@ -81,34 +142,32 @@ def measure(spec: dict) -> dict:
             pred.reset_counts()
         times, outs = [], []
         for b in padded:
-            start = time.perf_counter()
-            logits = pred(b)
-            pred.sync()
-            times.append((time.perf_counter() - start) * 1000.0)
+            ms, logits = _timed(pred, b)
+            times.append(ms)
             outs.append(logits)
         return times, outs
 
     # Batch 1: latency percentiles over real eval sentences (an evenly spaced selection).
-    n_lat = min(len(rows), int(spec.get("max_latency_examples") or len(rows)))
-    lat_idx = np.linspace(0, len(rows) - 1, n_lat).round().astype(int).tolist()
+    lat_idx = _latency_selection(len(texts), spec)
+    n_lat = len(lat_idx)
     passes = [timed_pass([[i] for i in lat_idx]) for _ in range(int(spec.get("latency_repeats", 1)))]
     lat_ms = np.median(np.array([t for t, _ in passes]), axis=0).tolist()  # [n_lat]: per sentence, the median pass
     if spec.get("latency_only"):  # a later benchmark round (compress.benchmark): the timings alone
         return {"ok": True, "sentence_ms": lat_ms}
-    latency = _percentiles(lat_ms)
+    latency = percentiles(lat_ms)
 
     # Accuracy is scored at batch 1, one request at a time as a latency-bound service runs:
     # a sentence's label then never depends on its neighbours (dynamic quantization scales
     # activations over the whole padded batch). The latency passes scored the selection;
     # the other sentences run once more, untimed. Logits [N, C].
-    logits = np.zeros((len(rows), passes[0][1][0].shape[-1]), dtype=np.float32)
+    logits = np.zeros((len(texts), passes[0][1][0].shape[-1]), dtype=np.float32)
     logits[lat_idx] = np.concatenate(passes[0][1])
-    rest = sorted(set(range(len(rows))) - set(lat_idx))
+    rest = sorted(set(range(len(texts))) - set(lat_idx))
     routed_share = getattr(pred, "routed_share", None)  # a cascade: share sent to its large model
     if rest:
         logits[rest] = np.concatenate(timed_pass([[i] for i in rest])[1])
         if routed_share is not None:  # over the selection, then over the rest: weigh by rows
-            routed_share = (routed_share * len(lat_idx) + pred.routed_share * len(rest)) / len(rows)
+            routed_share = (routed_share * len(lat_idx) + pred.routed_share * len(rest)) / len(texts)
     predictions = logits.argmax(-1)
     accuracy = float(accuracy_score(labels, predictions) * 100)
 
@@ -119,14 +178,14 @@ def measure(spec: dict) -> dict:
         else:
             batches = length_sorted_batches(lengths, bs)
             times, outs = timed_pass(batches)
-            n = len(rows)
+            n = len(texts)
             real = sum(int(lengths[b].sum()) for b in batches)
             waste = 1.0 - real / sum(int(lengths[b].max()) * len(b) for b in batches)
             batch_logits = np.zeros_like(logits)
             for b, o in zip(batches, outs):
                 batch_logits[b] = o
             acc = float(accuracy_score(labels, batch_logits.argmax(-1)) * 100)
-        p = _percentiles(times)
+        p = percentiles(times)
         entry = {
             "batch_size": bs, "throughput": n / (sum(times) / 1000.0),
             "p50_ms": p["p50"], "p95_ms": p["p95"], "p99_ms": p["p99"], "padding_waste": waste,
@@ -160,7 +219,7 @@ def main() -> None:
     spec_path, out_path = sys.argv[1], sys.argv[2]
     spec = json.loads(Path(spec_path).read_text())
     try:
-        result = measure(spec)
+        result = measure_paired(spec) if spec.get("pair") else measure(spec)
     except Exception as exc:  # reported as a failed variant, not a failed run
         if os.environ.get("COMPRESS_DEBUG"):
             raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,10 @@ from compress.formats import CPU_ONLY
 
 # What a measurement means (bench_worker): bumped when that changes, so that measurements
 # cached under the old meaning are taken again. 2: accuracy scored at batch 1. 3: batch-1
-# latency is the median over rounds (BenchmarkSpec.latency_rounds).
-METHOD = 3
+# latency is the median over rounds (BenchmarkSpec.latency_rounds). 4: later rounds time each
+# variant alternately with the baseline in one process, and speed-ups against the baseline
+# come from those paired rounds.
+METHOD = 4
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.artifacts import Artifact
@@ -59,8 +62,11 @@ def run_benchmarks(
     machine: dict,
     log: Callable[[str], None],
     force: bool = False,
+    reference: str | None = None,
 ) -> tuple[dict[tuple[str, str], dict], list[str]]:
-    """{(variant id, device): measurement}, and notes (such as a skipped device)."""
+    """{(variant id, device): measurement}, and notes (such as a skipped device).
+    `reference`: the variant that later rounds pair every other variant with (the budget's
+    baseline); each paired measurement gets `paired_speedup` against it."""
     notes = []
     devices = []
     for d in dict.fromkeys(spec.devices):
@@ -89,7 +95,9 @@ def run_benchmarks(
                 "eval_file": str(eval_file), "options": {"cuda_dtype": spec.cuda_dtype},
             }
             key = digest({
-                "method": METHOD, "rounds": spec.latency_rounds, "artifact": art.fingerprint, "content": art.content, "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
+                "method": METHOD, "rounds": spec.latency_rounds, "reference": reference,
+                "artifact": art.fingerprint, "content": art.content,
+                "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
                 "eval": data.eval_fingerprint, "machine": machine,
             })
             out = folder / f"{art.id}.{device}.json"
@@ -112,29 +120,59 @@ def run_benchmarks(
             else:
                 log(f"    failed: {r.get('error')}")
         timed = [(art, job) for art, job, _, _ in jobs if measured[art.id].get("ok")]
-        extra: dict[str, list[list[float]]] = {art.id: [] for art, _ in timed}
-        for rnd in range(1, spec.latency_rounds if timed else 1):
-            # Each round starts further along the list, so that no variant is always timed
-            # next to the same neighbour or at the same point of the session.
-            start = rnd * len(timed) // spec.latency_rounds
-            log(f"  {device}: latency round {rnd + 1}/{spec.latency_rounds}")
-            for art, job in timed[start:] + timed[:start]:
-                r = _run_worker({**job, "latency_only": True}, folder, art.id, device, spec.threads)
-                if r.get("ok"):
-                    extra[art.id].append(r["sentence_ms"])
-                else:
-                    log(f"    {art.id}: round {rnd + 1} failed ({r.get('error')}); its other rounds count")
+        extra, ratios = _later_rounds(timed, reference, spec, folder, device, log)
         for art, _, key, _ in jobs:
             r = measured[art.id]
             if r.get("ok"):
                 merge_rounds(r, extra[art.id])
                 if extra[art.id]:
-                    log(f"  {art.id}: p50 " + " / ".join(f"{p:.2f}" for p in r["latency_rounds_p50"])
-                        + f" ms over {len(r['latency_rounds_p50'])} rounds -> {r['latency_ms']['p50']:.2f}")
+                    p50s = r["latency_rounds_p50"]
+                    log(f"  {art.id}: p50 " + (" / ".join(f"{p:.2f}" for p in p50s) if len(p50s) <= 5 else
+                                               f"{min(p50s):.2f} to {max(p50s):.2f}")
+                        + f" ms over {len(p50s)} rounds -> {r['latency_ms']['p50']:.2f}")
+                if ratios.get(art.id):
+                    r["paired_speedup"] = {"reference": reference, "rounds": ratios[art.id],
+                                           "speedup": float(statistics.median(ratios[art.id]))}
+                    log(f"  {art.id}: {r['paired_speedup']['speedup']:.2f}x faster than {reference} "
+                        f"(paired rounds: " + ", ".join(f"{x:.2f}x" for x in ratios[art.id]) + ")")
             r["key"] = key
             _store(folder / f"{art.id}.{device}.json", r)
             results[(art.id, device)] = r
     return results, notes
+
+
+def _later_rounds(
+    timed: list, reference: str | None, spec: "BenchmarkSpec", folder: Path, device: str, log: Callable[[str], None]
+) -> tuple[dict[str, list[list[float]]], dict[str, list[float]]]:
+    """Rounds 2.. of batch-1 timing. Every variant's selection is timed again in a fresh
+    process, each round starting further along the list, so that no variant is always timed
+    next to the same neighbour or at the same point of the session. When the reference was
+    measured, each variant is timed alternately with it in one process (bench_worker.
+    measure_paired): the reference's timings of every pair count as its own rounds, and
+    each pair gives one speed-up, the ratio of the two p50s taken under the same load.
+    Returns {id: [per-sentence ms of each later round]}, {id: [paired speed-ups]}."""
+    extra: dict[str, list[list[float]]] = {art.id: [] for art, _ in timed}
+    ratios: dict[str, list[float]] = {}
+    ref_job = next((job for art, job in timed if art.id == reference), None)
+    others = [(art, job) for art, job in timed if ref_job is None or art.id != reference]
+    for rnd in range(1, spec.latency_rounds if others else 1):
+        start = rnd * len(others) // spec.latency_rounds
+        log(f"  {device}: latency round {rnd + 1}/{spec.latency_rounds}"
+            + (f" (each variant timed alternately with {reference})" if ref_job else ""))
+        for art, job in others[start:] + others[:start]:
+            job = {**job, "latency_only": True}
+            if ref_job is not None:
+                job["pair"] = {k: ref_job[k] for k in ("format", "path", "options")}
+            r = _run_worker(job, folder, art.id, device, spec.threads)
+            if not r.get("ok"):
+                log(f"    {art.id}: round {rnd + 1} failed ({r.get('error')}); its other rounds count")
+                continue
+            extra[art.id].append(r["sentence_ms"])
+            if ref_job is not None:
+                extra[reference].append(r["pair_sentence_ms"])
+                ratios.setdefault(art.id, []).append(
+                    float(statistics.median(r["pair_sentence_ms"]) / statistics.median(r["sentence_ms"])))
+    return extra, ratios
 
 
 def merge_rounds(result: dict, rounds: list[list[float]]) -> None:
@@ -143,12 +181,12 @@ def merge_rounds(result: dict, rounds: list[list[float]]) -> None:
     and the batch-1 percentiles and throughput are taken from those medians."""
     import numpy as np
 
-    from compress.bench_worker import _percentiles
+    from compress.bench_worker import percentiles
 
     first = result.pop("sentence_ms")
     per_round = np.array([first, *rounds])  # [rounds, sentences] ms
     merged = np.median(per_round, axis=0)
-    result["latency_ms"] = _percentiles(merged.tolist())
+    result["latency_ms"] = percentiles(merged.tolist())
     result["latency_rounds_p50"] = [float(np.percentile(r, 50)) for r in per_round]
     for entry in result["batches"]:
         if entry["batch_size"] == 1:

@@ -105,7 +105,7 @@ def compare(path_a: Path, path_b: Path) -> dict:
     if method_a != method_b:
         notes.append(f"the runs were measured by different benchmark methods ({method_a} vs {method_b}: "
                      f"accuracy is scored at batch 1 from method 2 on, batch-1 latency is a median over "
-                     f"rounds from method 3 on); accuracy and latency changes mix model and method")
+                     f"rounds from method 3 on, speed-ups come from paired rounds from method 4 on); accuracy and latency changes mix model and method")
     samples = int(b.get("manifest", {}).get("recipe", {}).get("benchmark", {}).get("bootstrap_samples", 1000))
 
     rows_a = {(r["id"], r["device"]): r for r in a["rows"]}

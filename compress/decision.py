@@ -102,13 +102,26 @@ def build_rows(
             rows.append(row)
 
     # Speed-ups against the baseline and against the variant's own input ("real gain").
+    # Where the benchmark timed the variant alternately with the baseline (paired rounds),
+    # the speed-up against the baseline is theirs, and the one against the input is the
+    # quotient of the two variants' paired speed-ups: (base/variant) / (base/input).
+    # Otherwise both are ratios of the separately measured p50s.
     by_key = {(r["id"], r["device"]): r for r in rows if r["ok"]}
+    paired = {(vid, d): m["paired_speedup"]["speedup"] for (vid, d), m in results.items()
+              if m.get("ok") and (m.get("paired_speedup") or {}).get("reference") == base_id}
     for r in rows:
         if not r["ok"]:
             continue
+        key = (r["id"], r["device"])
         for name, ref_id in (("speedup_vs_baseline", base_id), ("speedup_vs_input", r.get("source"))):
             ref = by_key.get((ref_id, r["device"]))
-            r[name] = ref["latency_ms"]["p50"] / r["latency_ms"]["p50"] if ref and ref is not r else None
+            if not ref or ref is r:
+                r[name] = None
+            elif key in paired and (ref_id == base_id or (ref_id, r["device"]) in paired):
+                r[name] = paired[key] / paired.get((ref_id, r["device"]), 1.0)
+                r[name.replace("speedup", "paired")] = True
+            else:
+                r[name] = ref["latency_ms"]["p50"] / r["latency_ms"]["p50"]
         s = r.get("speedup_vs_input")
         if s is not None and s < 1.0:
             r["notes"].append(f"not faster than its input '{r['source']}' at batch 1 ({s:.2f}x)")

@@ -150,12 +150,13 @@ class BenchmarkSpec(Strict):
     latency_rounds: PositiveInt = Field(
         3,
         description="Rounds of batch-1 timing. The first round measures everything; each later round "
-        "times the latency selection of every variant again, in a fresh process, starting the order "
-        "further along (1/rounds of the list each time), and a sentence's latency is its median over "
-        "the rounds. A slow spell of the machine (a noisy neighbour) lasting a whole variant's "
-        "measurement then has to recur on that variant in most rounds to move its figures or its "
-        "speed-up. A round costs a process start and a model load per variant (a few seconds on a "
-        "CPU) plus the timed passes.",
+        "times the latency selection of every variant again, in a fresh process, alternately with the "
+        "budget's baseline (20 sentences each turn), starting the order further along (1/rounds of the "
+        "list each time). A sentence's latency is its median over the rounds, and a speed-up against the "
+        "baseline is the median over the paired rounds of the ratio of the two p50s, taken under the same "
+        "load (against a variant's input: the quotient of the two paired speed-ups). A slow spell of the "
+        "machine (a noisy neighbour) then slows both sides of a ratio alike, and a round costs a process "
+        "start and two model loads per variant (a few seconds on a CPU) plus the timed passes.",
     )
     bootstrap_samples: PositiveInt = Field(
         1000, description="Paired bootstrap resamples for the accuracy-delta interval."

@@ -111,9 +111,12 @@ def markdown(report: dict) -> str:
     if notes:
         lines += ["", "Notes:", *notes]
     m = report["manifest"]
+    paired = any(r.get("paired_vs_baseline") for r in report["rows"])
     lines += ["", f"<sub>{m['hardware']['cpu']['model']}, {m['threads']} threads; latency at batch 1 over "
               f"{m['data']['eval_examples']} eval sentences; $/1K at the best batch size"
-              f"{' meeting the SLO' if b.get('latency_p95_ms') else ''}. compress {m['versions'].get('compress', '?')}, "
+              f"{' meeting the SLO' if b.get('latency_p95_ms') else ''}"
+              f"{'; speed-ups from rounds timing each variant alternately with the baseline' if paired else ''}"
+              f". compress {m['versions'].get('compress', '?')}, "
               f"torch {m['versions'].get('torch', '?')}.</sub>", ""]
     return "\n".join(lines)
 

@@ -240,7 +240,7 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
     log(f"benchmark: {len(variants)} variants, {threads} threads, batch sizes {recipe.benchmark.batch_sizes}")
     results, bench_notes = run_benchmarks(
         variants, recipe.benchmark.model_copy(update={"threads": threads}), data, run_dir / "bench",
-        manifest.machine_key(hw, vers), log,
+        manifest.machine_key(hw, vers), log, reference=base,
     )
     if not results.get((base, "cpu"), {}).get("ok") and not any(
         results.get((base, d), {}).get("ok") for d in recipe.benchmark.devices

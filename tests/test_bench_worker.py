@@ -70,3 +70,50 @@ def test_a_later_round_times_the_selection_only(tiny_classifier, tmp_path):
     later = bench_worker.measure({**spec, "latency_only": True})
     assert len(full["sentence_ms"]) == 6 and set(later) == {"ok", "sentence_ms"} and len(later["sentence_ms"]) == 6
     assert all(t > 0 for t in later["sentence_ms"])
+
+
+def test_a_paired_round_times_both_models_alternately_each_with_its_own_tokenizer(tiny_classifier, tmp_path,
+                                                                                    monkeypatch):
+    from compress.formats import load_predictor
+
+    n = 2 * bench_worker.PAIR_BLOCK + 5  # three turns, the last one short
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"text": f"film {i}", "label": i % 2}) + "\n" for i in range(n)))
+    order, seen_ids = [], {}
+
+    class Recording:
+        def __init__(self, pred, name):
+            self.pred, self.name = pred, name
+
+        def __getattr__(self, attr):
+            return getattr(self.pred, attr)
+
+        def __call__(self, batch):
+            order.append(self.name)
+            seen_ids.setdefault(self.name, []).append(batch["input_ids"])
+            return self.pred(batch)
+
+    def load(fmt, path, *a, **k):
+        pred = load_predictor(fmt, path, *a, **k)
+        if str(path).endswith("ref"):  # the reference speaks another vocabulary: its ids are shifted
+            tok = pred.tokenizer
+            shifted = lambda *x, **kw: {key: ([[i + 1 if i > 103 else i for i in ids] for ids in v]
+                                             if key == "input_ids" else v) for key, v in tok(*x, **kw).items()}
+            pred.tokenizer = type("Tok", (), {"__call__": staticmethod(shifted), "pad_token_id": tok.pad_token_id})()
+        return Recording(pred, "ref" if str(path).endswith("ref") else "var")
+
+    monkeypatch.setattr("compress.formats.load_predictor", load)
+    import shutil
+
+    ref = shutil.copytree(tiny_classifier, tmp_path / "ref")
+    spec = {"format": "hf", "path": str(tiny_classifier), "device": "cpu", "threads": 1, "batch_sizes": [1],
+            "max_length": 32, "warmup": 2, "max_latency_examples": n, "eval_file": str(eval_file),
+            "latency_only": True, "pair": {"format": "hf", "path": str(ref), "options": {}}}
+    result = bench_worker.measure_paired(spec)
+    assert set(result) == {"ok", "sentence_ms", "pair_sentence_ms"}
+    assert len(result["sentence_ms"]) == len(result["pair_sentence_ms"]) == n
+    timed = order[4:]  # after two warm-up calls each
+    b = bench_worker.PAIR_BLOCK
+    assert timed == ["var"] * b + ["ref"] * b + ["ref"] * b + ["var"] * b + ["var"] * 5 + ["ref"] * 5  # ABBA
+    var_ids, ref_ids = seen_ids["var"][2:], seen_ids["ref"][2:]
+    assert any((r != v).any() for r, v in zip(ref_ids, var_ids))  # each model got its own tokenizer's ids

@@ -1,5 +1,6 @@
 """compress.benchmark: rounds of batch-1 timing, merged per sentence (the worker is faked)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -67,3 +68,35 @@ def test_a_failed_variant_sits_out_the_later_rounds(tmp_path, monkeypatch):
                                           {"cpu": "test"}, log=lambda s: None)
     assert calls == ["a", "b", "b"] and not results[("a", "cpu")]["ok"]
     assert not (tmp_path / "a.cpu.json").exists() and (tmp_path / "b.cpu.json").exists()  # failures are not cached
+
+
+def test_later_rounds_pair_every_variant_with_the_reference(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_worker(job, folder, vid, device, threads):
+        pair = job.get("pair")
+        calls.append((vid, Path(pair["path"]).name if pair else None))
+        rnd = sum(1 for v, _ in calls if v == vid)
+        slow = 5.0 if (vid == "c" and rnd == 2) else 1.0  # a slow spell covers c's whole first pair
+        own = {"a": 10.0, "b": 5.0, "c": 2.0}[vid] * slow
+        if not job.get("latency_only"):
+            return _worker_result([own] * 4)
+        return {"ok": True, "sentence_ms": [own] * 4, "pair_sentence_ms": [10.0 * slow] * 4}
+
+    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    arts = [SimpleNamespace(id=v, format="hf", path=tmp_path / v, fingerprint=v, content=v) for v in "abc"]
+    data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
+    spec = BenchmarkSpec(devices=["cpu"], latency_rounds=3)
+    results, _ = benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None,
+                                          reference="a")
+    # The reference is timed alone once, then inside every pair; the others alternate with it.
+    assert calls == [("a", None), ("b", None), ("c", None), ("b", "a"), ("c", "a"), ("c", "a"), ("b", "a")]
+    assert results[("b", "cpu")]["paired_speedup"] == {"reference": "a", "rounds": [2.0, 2.0], "speedup": 2.0}
+    assert results[("c", "cpu")]["paired_speedup"]["rounds"] == [5.0, 5.0]  # the spell slowed both sides
+    assert len(results[("a", "cpu")]["latency_rounds_p50"]) == 5 and "paired_speedup" not in results[("a", "cpu")]
+    assert results[("c", "cpu")]["latency_rounds_p50"] == [2.0, 10.0, 2.0]
+
+    # The reference is part of the cache key: another baseline measures everything again.
+    calls.clear()
+    benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None, reference="b")
+    assert calls[:3] == [("a", None), ("b", None), ("c", None)] and ("a", "b") in calls

@@ -98,6 +98,18 @@ def test_run_gate_report_and_cached_rerun(cli, write_recipe, tiny_checkpoint, ti
     assert "baseline on cpu: measuring" in err and "int8 on cpu: measuring" in err and "cached" not in err
     assert cli("run", path, "--artifacts", art, "--force", "nope")[0] == 2
 
+    # A second latency round times int8 alternately with the baseline, in a fresh process:
+    # its speed-up is that pair's, and the baseline's latency counts the pair's timings too.
+    code, _, err = cli("run", path, "--artifacts", art, "--set", "benchmark.latency_rounds=2")
+    assert code == 0 and "timed alternately with baseline" in err, err
+    bench = json.loads((run_dir / "bench" / "int8.cpu.json").read_text())
+    [ratio] = bench["paired_speedup"]["rounds"]
+    report = json.loads((run_dir / "report.json").read_text())
+    rows = {r["id"]: r for r in report["rows"]}
+    assert rows["int8"]["speedup_vs_baseline"] == ratio > 0 and rows["int8"]["paired_vs_baseline"]
+    assert len(rows["baseline"]["latency_rounds_p50"]) == len(rows["int8"]["latency_rounds_p50"]) == 2
+    assert "alternately with the baseline" in (run_dir / "report.md").read_text()
+
 
 def test_rebuilt_input_reruns_its_dependants_only_when_its_files_differ(
         cli, write_recipe, tiny_checkpoint, tiny_data, tmp_path, monkeypatch):

@@ -229,3 +229,26 @@ def test_accuracy_that_depends_on_the_batch_is_noted():
     assert not any("depends on the batch" in n for n in rows["baseline"]["notes"])
     [note] = [n for n in rows["moody"]["notes"] if "depends on the batch" in n]
     assert "batch 1 100.00%, batch 8 97.50%, batch 32 100.00%" in note and "scores batch 1" in note
+
+
+def test_paired_rounds_give_the_speedups_and_the_input_ratio_is_their_quotient():
+    recipe = recipe_dict()
+    meta = variants("baseline", "student", "pruned", "lone")
+    meta[2]["source"] = "student"
+    res = {
+        ("baseline", "cpu"): measurement(LABELS, LABELS, p50=10.0),
+        # Separately measured p50s say 10/6.0 = 1.67x; timed alternately with the baseline, 1.9x.
+        ("student", "cpu"): measurement(LABELS, LABELS, p50=6.0, paired_speedup={"reference": "baseline", "speedup": 1.9}),
+        ("pruned", "cpu"): measurement(LABELS, LABELS, p50=3.0, paired_speedup={"reference": "baseline", "speedup": 3.8}),
+        ("lone", "cpu"): measurement(LABELS, LABELS, p50=4.0),  # no paired rounds: separate p50s
+    }
+    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe)}
+    assert rows["student"]["speedup_vs_baseline"] == pytest.approx(1.9) and rows["student"]["paired_vs_baseline"]
+    assert rows["student"]["speedup_vs_input"] == pytest.approx(1.9) and rows["student"]["paired_vs_input"]
+    assert rows["pruned"]["speedup_vs_input"] == pytest.approx(2.0)  # (10/pruned) / (10/student)
+    assert rows["lone"]["speedup_vs_baseline"] == pytest.approx(2.5) and "paired_vs_baseline" not in rows["lone"]
+    # A pairing with some other reference (the budget's baseline changed) is not used.
+    res[("student", "cpu")]["paired_speedup"]["reference"] = "other"
+    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe)}
+    assert rows["student"]["speedup_vs_baseline"] == pytest.approx(10 / 6)
+    assert rows["pruned"]["speedup_vs_input"] == pytest.approx(2.0) and "paired_vs_input" not in rows["pruned"]
