@@ -84,7 +84,9 @@ def _timed(pred, batch: dict) -> tuple[float, np.ndarray]:
 
 # Sentences per turn when two models are timed alternately (measure_paired): long enough
 # for a model's weights to be back in cache after the first call of its turn, short
-# enough (a tenth of a second or so) that a slow spell of the machine covers both.
+# enough (0.2 s for the fp32 MiniLM baseline on 2 CPU threads) that a slow spell of the
+# machine covers both. Turns of one sentence would have every call start with the other
+# model's weights in the caches, which a model deployed alone never does.
 PAIR_BLOCK = 20
 
 

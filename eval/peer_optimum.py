@@ -108,9 +108,12 @@ def main() -> int:
 
 def _measure(calls, texts, labels, max_length, n_latency, warmup) -> list[dict]:
     """Accuracy of each (call, tokenizer) on every sentence; then batch-1 latency with the
-    calls taking turns on each sentence, so that load from other processes falls on both
-    alike. Tokenization is done beforehand and not timed, as in the benchmark."""
+    calls taking turns of PAIR_BLOCK sentences, the order swapped every turn, as the
+    benchmark's paired rounds do, so that load from other processes falls on both alike.
+    Tokenization is done beforehand and not timed, as in the benchmark."""
     import numpy as np
+
+    from compress.bench_worker import PAIR_BLOCK
 
     def batch(tok, i):
         enc = tok([texts[i]], truncation=True, max_length=max_length, return_tensors="np")
@@ -126,11 +129,14 @@ def _measure(calls, texts, labels, max_length, n_latency, warmup) -> list[dict]:
         for (call, _), mine in zip(calls, batches):
             call(mine[i])
     times: list[list[float]] = [[] for _ in calls]
-    for i in idx:
-        for j, ((call, _), mine) in enumerate(zip(calls, batches)):
-            t0 = time.perf_counter()
-            call(mine[i])
-            times[j].append((time.perf_counter() - t0) * 1000)
+    for turn, start in enumerate(range(0, len(idx), PAIR_BLOCK)):
+        order = range(len(calls)) if turn % 2 == 0 else reversed(range(len(calls)))
+        for j in order:
+            call, mine = calls[j][0], batches[j]
+            for i in idx[start:start + PAIR_BLOCK]:
+                t0 = time.perf_counter()
+                call(mine[i])
+                times[j].append((time.perf_counter() - t0) * 1000)
     for r, t in zip(out, times):
         r["p50"], r["p95"] = float(np.percentile(t, 50)), float(np.percentile(t, 95))
     return out
