@@ -75,6 +75,13 @@ def _latency_selection(n_rows: int, spec: dict) -> list[int]:
     return np.linspace(0, n_rows - 1, n_lat).round().astype(int).tolist()
 
 
+def _warm_up(pred, batches: list[dict], n: int) -> None:
+    """Untimed calls on the first `n` batches (at least one): allocators, kernels, caches."""
+    for b in batches[: max(n, 1)]:
+        pred(b)
+    pred.sync()
+
+
 def _timed(pred, batch: dict) -> tuple[float, np.ndarray]:
     start = time.perf_counter()
     logits = pred(batch)
@@ -99,14 +106,13 @@ def measure_paired(spec: dict) -> dict:
     preds = [_load(spec), _load(ref_spec)]
     texts, pairs, _ = _read_eval(spec)
     idx = _latency_selection(len(texts), spec)
+    texts = [texts[i] for i in idx]  # only the selection is timed; nothing is scored here
+    pairs = [pairs[i] for i in idx] if pairs is not None else None
     inputs = []  # per model: the selection as batches of one, with its own tokenizer
     for pred in preds:
         enc, pad_id = _encode(pred, texts, pairs, int(spec["max_length"]))
-        inputs.append([_pad(enc, [i], pad_id) for i in idx])
-    for pred, batches in zip(preds, inputs):
-        for b in batches[: max(int(spec["warmup"]), 1)]:
-            pred(b)
-        pred.sync()
+        inputs.append([_pad(enc, [i], pad_id) for i in range(len(idx))])
+        _warm_up(pred, inputs[-1], int(spec["warmup"]))
     repeats = int(spec.get("latency_repeats", 1))
     ms = np.zeros((repeats, 2, len(idx)))  # [pass, model, sentence]
     for rep in range(repeats):
@@ -135,9 +141,7 @@ def measure(spec: dict) -> dict:
 
     def timed_pass(batches: list[list[int]]) -> tuple[list[float], np.ndarray | None]:
         padded = [_pad(enc, b, pad_id) for b in batches]
-        for b in padded[: max(warmup, 1)]:  # warm-up: allocators, kernels, caches
-            pred(b)
-        pred.sync()
+        _warm_up(pred, padded, warmup)
         # A predictor that routes inputs (a cascade) counts what it routed: start the
         # count after the warm-up so that it covers exactly the timed inputs.
         if hasattr(pred, "reset_counts"):
