@@ -21,7 +21,9 @@ Teacher logits over the training examples are computed once, cached under the ru
 re-run with other student settings reuses them. Hidden states are too large to cache
 (examples x tokens x hidden x layers floats: gigabytes for SST-2), so the cosine loss runs
 the teacher forward on every step, which makes training slower by roughly the teacher's
-forward time (about +50% for a 6-layer teacher and a 3-layer student).
+forward time (about +50% for a 6-layer fp32 teacher and a 3-layer student). That pass takes no
+gradient, so it runs in bfloat16 where the hardware has it (`teacher_precision`): a 4-layer
+MiniLM student then trained at 150 examples/s instead of 120 on a 2-core AVX512-BF16 CPU.
 
 The shared pieces (`DistillSettings`, `distill_from`) are used by `prune` for its recovery
 fine-tune as well.
@@ -62,8 +64,18 @@ class DistillSettings(TrainSettings):
         0.0,
         description="Weight of the cosine loss between student and teacher hidden states of matched "
         "layers (DistilBERT: 1.0 on the last layer). Above 0 the teacher runs on every step "
-        "(hidden states are too large to cache): training about 1.5x slower. SST-2, 3-layer MiniLM "
+        "(hidden states are too large to cache): training about 1.5x slower with an fp32 teacher, 1.2x "
+        "with a bf16 one (`teacher_precision`). SST-2, 3-layer MiniLM "
         "student, whole split, one epoch, two seeds: 88.19 / 88.07 on dev with 1.0, 87.39 / 87.84 without.",
+    )
+    teacher_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="Arithmetic of the teacher's forward pass that feeds the hidden-state loss (only with "
+        "hidden_weight > 0; the cached logits are always fp32, and the student trains in `precision`). "
+        "`auto`: bf16 where the device computes bfloat16 natively (AVX512-BF16 or AMX CPUs, Ampere and "
+        "later GPUs), else fp32. The teacher takes no gradient, so bf16 costs only rounding of its "
+        "targets: the MiniLM-L6 teacher's hidden states agree with fp32 to a cosine of 0.9999, its pass "
+        "ran about 1.8x faster on a 2-core AVX512-BF16 CPU, and a 4-layer student trained 1.25x faster.",
     )
     teacher_batch_size: PositiveInt = Field(64, description="Batch size of the one-off teacher pass.")
 
@@ -139,6 +151,7 @@ class Result(StageResult):
     params: int
     teacher_cache: dict
     teacher_train_accuracy: float
+    teacher_precision: str | None = None  # of the live teacher (hidden-state loss); None without it
 
 
 # ---------------------------------------------------------------------------------------
@@ -150,6 +163,17 @@ def teacher_cache_key(teacher_fingerprint: str, train_fingerprint: str, max_leng
     # (and in which order) the logits belong to.
     h = hashlib.sha256(f"{teacher_fingerprint}/{train_fingerprint}/{max_length}/{examples}".encode()).hexdigest()
     return f"teacher_logits-{h[:32]}"
+
+
+def teacher_precision(settings: DistillSettings, device: str) -> str | None:
+    """The arithmetic the live teacher runs in (None when the hidden-state loss is off)."""
+    from compress.train import bf16_native
+
+    if settings.hidden_weight <= 0:
+        return None
+    if settings.teacher_precision == "auto":
+        return "bf16" if bf16_native(device) else "fp32"
+    return settings.teacher_precision
 
 
 def training_split(ctx: "StageContext", settings: DistillSettings):
@@ -204,12 +228,14 @@ def distill_loss(
     settings: DistillSettings,
     teacher=None,
     layer_pairs: list[tuple[int, int]] = (),
+    teacher_bf16: bool = False,
 ):
     """loss_fn(model, batch) for compress.train.train.
 
     teacher_logits: [N, C] float, indexed by batch['idx'].
     teacher, layer_pairs: only for hidden_weight > 0: the teacher module and (student layer,
     teacher layer) pairs, 0-based, compared through their output hidden states [B, T, H].
+    teacher_bf16: run that teacher under bfloat16 autocast (see `teacher_precision`).
     """
     import torch
     import torch.nn.functional as F
@@ -225,7 +251,7 @@ def distill_loss(
         kd = F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True, reduction="batchmean")
         loss = alpha * kd * (T * T) + (1 - alpha) * F.cross_entropy(s, batch["labels"])
         if use_hidden:
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast(s.device.type, torch.bfloat16, enabled=teacher_bf16):
                 t_hidden = teacher(**inputs, output_hidden_states=True).hidden_states
             mask = inputs["attention_mask"].to(s.dtype)  # [B, T]: padding does not count
             cos = 0.0
@@ -257,7 +283,14 @@ def distill_from(ctx: "StageContext", student, teacher, tokenizer, settings: Dis
     )
     teacher_acc = float((logits.argmax(-1) == split.labels).mean() * 100)
     live_teacher = teacher if settings.hidden_weight > 0 else None  # only the hidden-state loss runs it
-    loss_fn = distill_loss(torch.from_numpy(logits), settings, live_teacher, layer_pairs)
+    precision = teacher_precision(settings, ctx.device)
+    if precision is not None:
+        from compress.train import bf16_native
+
+        emulated = precision == "bf16" and not bf16_native(ctx.device)
+        ctx.log(f"  teacher forward for the hidden-state loss in {precision}"
+                + (" (emulated on this device, no native bfloat16: expect it slower than fp32)" if emulated else ""))
+    loss_fn = distill_loss(torch.from_numpy(logits), settings, live_teacher, layer_pairs, precision == "bf16")
     student_data = student_inputs(data) if student_inputs is not None else data
     stats = train(ctx, student, tokenizer, student_data, settings, loss_fn, description=description)
     return unwrap(student), stats, cache_info, teacher_acc
@@ -393,6 +426,7 @@ def run(ctx) -> Result:
         params=sum(p.numel() for p in student.parameters()),
         teacher_cache=cache_info,
         teacher_train_accuracy=round(teacher_acc, 3),
+        teacher_precision=teacher_precision(cfg, ctx.device),
     )
 
 

@@ -87,6 +87,43 @@ def test_hidden_state_term_is_zero_for_matching_layers_and_the_masked_mean_cosin
     assert extra == pytest.approx(2.0 * float(sum(terms)) / 2, rel=1e-3)
 
 
+def test_teacher_bf16_runs_the_live_teacher_in_bfloat16_and_keeps_the_loss_close(tiny_classifier_4l):
+    from transformers import AutoModelForSequenceClassification
+
+    from compress.stages.distill import DistillSettings, copy_layers, distill_loss, layer_list
+
+    teacher = AutoModelForSequenceClassification.from_pretrained(tiny_classifier_4l).eval()
+    student = copy_layers(teacher, [1, 3]).eval()
+    dtypes = []
+    # A matmul's output shows the arithmetic (layer norms, hence layer outputs, stay fp32 under autocast).
+    first_linear = next(m for m in layer_list(teacher)[0].modules() if isinstance(m, torch.nn.Linear))
+    first_linear.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    batch = {"input_ids": torch.randint(5, 1000, (4, 9)), "attention_mask": torch.ones(4, 9, dtype=torch.long),
+             "idx": torch.arange(4), "labels": torch.tensor([0, 1, 0, 1])}
+    logits = torch.randn(4, 2)
+    settings = DistillSettings(hidden_weight=1.0)
+    fp32 = distill_loss(logits, settings, teacher, [(0, 1), (1, 3)])(student, batch)
+    bf16 = distill_loss(logits, settings, teacher, [(0, 1), (1, 3)], teacher_bf16=True)(student, batch)
+    assert dtypes == [torch.float32, torch.bfloat16]
+    assert bf16.dtype == torch.float32 and float(bf16) != float(fp32)
+    assert float(bf16) == pytest.approx(float(fp32), rel=0.02)
+
+
+@pytest.mark.parametrize(("settings", "native", "expected"), [
+    ({"hidden_weight": 0.0}, True, None),  # no live teacher
+    ({"hidden_weight": 1.0}, True, "bf16"),
+    ({"hidden_weight": 1.0}, False, "fp32"),
+    ({"hidden_weight": 1.0, "teacher_precision": "fp32"}, True, "fp32"),
+    ({"hidden_weight": 1.0, "teacher_precision": "bf16"}, False, "bf16"),
+])
+def test_teacher_precision_auto_follows_native_bfloat16(monkeypatch, settings, native, expected):
+    import compress.train
+    from compress.stages.distill import DistillSettings, teacher_precision
+
+    monkeypatch.setattr(compress.train, "bf16_native", lambda device: native)
+    assert teacher_precision(DistillSettings(**settings), "cpu") == expected
+
+
 def test_teacher_logits_are_cached_equal_a_fresh_pass_and_reused(tiny_classifier_4l, tiny_data, tmp_path):
     from transformers import AutoTokenizer
 
@@ -126,6 +163,7 @@ def test_hidden_state_loss_trains_and_saves_a_loadable_student(tiny_classifier_4
     result = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "out", "distill",
                        {**FAST, "layers": [1, 3], "hidden_weight": 1.0})
     assert np.isfinite(result.train["final_loss"])
+    assert result.teacher_precision in ("fp32", "bf16")
     student = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", use_safetensors=True)
     assert student.config.num_hidden_layers == 2
 
