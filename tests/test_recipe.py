@@ -142,3 +142,12 @@ def test_default_recipe_validates_without_importing_torch():
     from tests.conftest import ROOT
 
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("name", ["bert_sentiment.yaml", "bert_sentiment_accurate.yaml"])
+def test_shipped_recipes_validate_against_their_model_and_data(cli, name):
+    from tests.conftest import ROOT
+
+    code, out, err = cli("validate", ROOT / "recipes" / name)
+    assert code == 0, err
+    assert f"{name}: valid" in out.replace("\n", "")
