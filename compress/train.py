@@ -121,6 +121,12 @@ class TrainStats:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
+def warn_if_bf16_emulated(ctx, what: str) -> None:
+    """Logs that `what` (something set to bf16) runs emulated, hence slower, on this device."""
+    if not bf16_native(ctx.device):
+        ctx.log(f"  {what} is emulated on this {ctx.device} (no native bfloat16): expect it slower than fp32")
+
+
 def bf16_native(device: str) -> bool:
     """Whether `device` computes bfloat16 natively (oneDNN's check on a CPU: AVX512-BF16 or AMX)."""
     import torch
@@ -189,9 +195,8 @@ def train(
 
     set_seed(settings.seed)
     accelerator = Accelerator(cpu=ctx.device == "cpu")
-    if settings.precision == "bf16" and not bf16_native(ctx.device):
-        ctx.log(f"  {description}: precision bf16 is emulated on this {ctx.device} (no native bfloat16): "
-                "expect it slower than fp32")
+    if settings.precision == "bf16":
+        warn_if_bf16_emulated(ctx, f"{description}: precision bf16")
     generator = torch.Generator().manual_seed(settings.seed)
     n_epochs = math.ceil(settings.epochs)
     steps_per_epoch = math.ceil(len(data) / settings.batch_size)

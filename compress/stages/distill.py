@@ -285,11 +285,11 @@ def distill_from(ctx: "StageContext", student, teacher, tokenizer, settings: Dis
     live_teacher = teacher if settings.hidden_weight > 0 else None  # only the hidden-state loss runs it
     precision = teacher_precision(settings, ctx.device)
     if precision is not None:
-        from compress.train import bf16_native
+        from compress.train import warn_if_bf16_emulated
 
-        emulated = precision == "bf16" and not bf16_native(ctx.device)
-        ctx.log(f"  teacher forward for the hidden-state loss in {precision}"
-                + (" (emulated on this device, no native bfloat16: expect it slower than fp32)" if emulated else ""))
+        ctx.log(f"  teacher forward for the hidden-state loss in {precision}")
+        if precision == "bf16":
+            warn_if_bf16_emulated(ctx, "the teacher's bf16 forward")
     loss_fn = distill_loss(torch.from_numpy(logits), settings, live_teacher, layer_pairs, precision == "bf16")
     student_data = student_inputs(data) if student_inputs is not None else data
     stats = train(ctx, student, tokenizer, student_data, settings, loss_fn, description=description)
