@@ -170,6 +170,17 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
         else:
             r["verdict"] = "rejected"
 
+    # Within budget is not the same as better: a variant can keep the accuracy and still
+    # cost more than the model it replaces (4-bit on a CPU dequantizes every matmul). The
+    # selection stays (it answers "which compressed variant"), but the decision says so.
+    base = next((r for r in rows if r["id"] == base_id and r["device"] == device and r["ok"]), None)
+    if selected is not None and base is not None and base.get(key) is not None and selected[key] >= base[key]:
+        notes.append(
+            f"'{selected['id']}' is the best compressed variant within budget, but the baseline is no worse "
+            f"on {budget['objective']} ({_fmt(key, selected[key])} vs {_fmt(key, base[key])}): "
+            "keeping the baseline is as good a choice here"
+        )
+
     best_failed = None
     if selected is None:
         scored = [r for r in candidates if r["ok"] and r.get("delta") is not None]

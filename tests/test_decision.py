@@ -252,3 +252,17 @@ def test_paired_rounds_give_the_speedups_and_the_input_ratio_is_their_quotient()
     rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe)}
     assert rows["student"]["speedup_vs_baseline"] == pytest.approx(10 / 6)
     assert rows["pruned"]["speedup_vs_input"] == pytest.approx(2.0) and "paired_vs_input" not in rows["pruned"]
+
+
+def test_a_selection_no_better_than_the_baseline_says_so():
+    # Within the accuracy budget, but slower and dearer than the baseline (as 4-bit on a
+    # CPU): still the selected compressed variant, and the decision notes the baseline.
+    res = {
+        "baseline": measurement(LABELS, LABELS, p50=10, p95=12, throughput=100),
+        "slow": measurement(LABELS, LABELS, p50=15, p95=18, throughput=70),
+    }
+    d, rows = run_decide(res)
+    assert d["selected"] == "slow" and d["exit_code"] == EXIT_OK
+    assert any("the baseline is no worse on min_cost" in n for n in d["notes"])
+    d, _ = run_decide(three_variants())
+    assert not any("baseline is no worse" in n for n in d["notes"])

@@ -34,6 +34,10 @@ def test_default_recipe_on_a_slice_of_sst2(cli, tmp_path, monkeypatch):
     assert rows["baseline"]["accuracy"] > 75
     assert rows["baseline"]["params"] > 22_000_000
     assert rows["int8"]["size_mb"] < rows["baseline"]["size_mb"]
+    # 4-bit encoder Linears (embeddings and head stay full precision): about 0.6x as stored.
+    assert rows["nf4"]["ok"] and rows["nf4"]["format"] == "bnb_4bit"
+    assert rows["nf4"]["size_mb"] < 0.7 * rows["baseline"]["size_mb"]
+    assert rows["small_int8"]["ok"] and rows["small_int8"]["size_mb"] < rows["small_fused"]["size_mb"] / 3
     lo, hi = rows["int8"]["delta_ci95"]
     assert lo <= rows["int8"]["delta"] <= hi
     assert report["manifest"]["data"]["eval_examples"] == 200

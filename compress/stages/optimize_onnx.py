@@ -7,9 +7,13 @@ tanh approximation (FastGelu), which moves the logits slightly.
 
 Why a separate, optional stage: onnxruntime performs most of these fusions itself when a
 session loads a graph at its default level (ORT_ENABLE_ALL), so on a CPU an offline-fused
-graph is rarely faster than the plain export; what it gives is a graph that loads faster
-and, when quantized afterwards, fused INT8 attention (QAttention). The attention fusion
-reads each layer's head count from the graph, so pruned models (uneven heads) fuse too.
+fp32 graph is rarely faster than the plain export. Where it pays is before quantize_onnx:
+the INT8 step then sees whole attention blocks and quantizes them as QAttention, instead
+of quantizing the separate Q/K/V MatMuls that onnxruntime can no longer fuse once they are
+INT8. On the shipped recipes' small chain that made the INT8 graph about 10% faster at
+batch 1 and halved its largest logit change from the fp32 graph (on training examples).
+The attention fusion reads each layer's head count from the graph, so pruned models
+(uneven heads) fuse too.
 
 Order with quantize_onnx: both orders work. Quantizing a fused graph needs shape
 information for onnxruntime's own operators, which quantize_onnx computes first.
