@@ -215,6 +215,8 @@ def check_model_folder(folder: Path, trust_remote_code: bool = False) -> None:
     its config, the config's model type has a sequence-classification class, the weights
     are complete and belong to that config, and the tokenizer loads. Raises
     ModelSourceError naming the file. Nothing is unpickled."""
+    import copy
+
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
 
@@ -246,9 +248,15 @@ def check_model_folder(folder: Path, trust_remote_code: bool = False) -> None:
         # The base model's parameters, built on the meta device (no memory, no init).
         import torch
 
+        # Tensor names do not depend on `pruned_heads` (pruning narrows the attention
+        # matrices, it does not rename them), and transformers' pruning indexes with a
+        # boolean mask, which the meta device cannot do: build the names unpruned.
+        probe = copy.deepcopy(config)
+        if getattr(probe, "pruned_heads", None):
+            probe.pruned_heads = {}
         try:
             with torch.device("meta"):
-                expected = set(AutoModel.from_config(config).state_dict())
+                expected = set(AutoModel.from_config(probe).state_dict())
         except Exception as exc:  # values transformers accepted but cannot build
             raise ModelSourceError(f"{cfg_file}: its settings do not build a model ({_first_line(exc)})")
         prefix = getattr(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)], "base_model_prefix", "")

@@ -4,7 +4,7 @@ import pytest
 
 from compress.errors import ModelSourceError
 from compress.recipe import ModelSpec
-from compress.sources import peek_model_format, resolve_model
+from compress.sources import check_model_folder, peek_model_format, resolve_model
 
 
 def test_packaged_default_model_resolves_offline(monkeypatch, tmp_path):
@@ -51,3 +51,24 @@ def test_missing_package_and_folder(tmp_path):
         resolve_model(ModelSpec(source="package:no_such_pkg_xyz"), tmp_path)
     with pytest.raises(ModelSourceError, match="no such folder"):
         resolve_model(ModelSpec(source="./nope"), tmp_path)
+
+
+def test_a_head_pruned_model_folder_is_a_valid_source(tiny_classifier, tmp_path):
+    # A prune stage's output (config.pruned_heads, narrower attention matrices) used as
+    # another recipe's model: the folder check builds the expected tensor names on the
+    # meta device, where transformers' head pruning cannot run.
+    import shutil
+
+    from transformers import BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(tiny_classifier)
+    model.prune_heads({0: [0], 1: [1]})
+    out = tmp_path / "pruned"
+    model.save_pretrained(out)
+    for f in tiny_classifier.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            shutil.copy(f, out)
+    assert json.loads((out / "config.json").read_text())["pruned_heads"]
+    m = resolve_model(ModelSpec(source=str(out)), tmp_path)
+    assert m.format == "hf" and m.path == out
+    check_model_folder(out)  # what `compress run` does before the first stage
