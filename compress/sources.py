@@ -252,8 +252,7 @@ def check_model_folder(folder: Path, trust_remote_code: bool = False) -> None:
         # matrices, it does not rename them), and transformers' pruning indexes with a
         # boolean mask, which the meta device cannot do: build the names unpruned.
         probe = copy.deepcopy(config)
-        if getattr(probe, "pruned_heads", None):
-            probe.pruned_heads = {}
+        probe.pruned_heads = {}
         try:
             with torch.device("meta"):
                 expected = set(AutoModel.from_config(probe).state_dict())
