@@ -132,7 +132,9 @@ def bf16_native(device: str) -> bool:
     import torch
 
     if device == "cuda":
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        # Not torch.cuda.is_bf16_supported(): by default it also answers True where bf16 is
+        # only emulated (T4, V100). Native bf16 arithmetic starts with compute capability 8.0.
+        return bool(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8)
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

@@ -6,8 +6,9 @@ The peer starts from the same baseline folder and does what Optimum's documentat
 shows: export with ORTModelForSequenceClassification, then ORTQuantizer dynamic INT8 with
 the AutoQuantizationConfig preset of this CPU. Both are measured in this one process on
 the same eval sentences (the run's benchmark eval file), with the same thread count, on
-pre-tokenised inputs at batch 1 (latency) and scored on every sentence (accuracy). Public
-APIs only; it prints its measurements and the ratios, nothing else.
+pre-tokenised inputs at batch 1 (latency) and scored on every sentence (accuracy), with a
+paired bootstrap 95% interval of the accuracy difference (both score the same sentences).
+Public APIs only; it prints its measurements and the ratios, nothing else.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def main() -> int:
     import torch
     from optimum.onnxruntime import AutoQuantizationConfig, ORTModelForSequenceClassification, ORTQuantizer
 
+    from compress.decision import paired_bootstrap
     from compress.formats import load_predictor
     from compress.stages.quantize_onnx import cpu_preset
 
@@ -103,6 +105,12 @@ def main() -> int:
     a, b = results.values()
     print(f"{'ratio compress / optimum':<40} {a['accuracy'] - b['accuracy']:>+9.2f} {a['size_mb'] / b['size_mb']:>9.2f} "
           f"{a['p50'] / b['p50']:>8.2f} {a['p95'] / b['p95']:>8.2f}   (accuracy as a difference in points)")
+    # Both sides scored the same sentences, so the accuracy difference is judged on the
+    # pairs: only the sentences the two get differently move it.
+    lo, hi = paired_bootstrap(b["correct"], a["correct"], samples=10_000)  # acc(a) - acc(b)
+    only_a, only_b = int((a["correct"] & ~b["correct"]).sum()), int((~a["correct"] & b["correct"]).sum())
+    print(f"accuracy difference {a['accuracy'] - b['accuracy']:+.2f} points, paired bootstrap 95% interval "
+          f"[{lo:+.2f}, {hi:+.2f}]; sentences only compress gets right: {only_a}, only optimum: {only_b}")
     return 0
 
 
@@ -123,7 +131,7 @@ def _measure(calls, texts, labels, max_length, n_latency, warmup) -> list[dict]:
     out = []
     for (call, _), mine in zip(calls, batches):
         preds = np.array([int(np.asarray(call(b)).argmax(-1)[0]) for b in mine])
-        out.append({"accuracy": float((preds == labels).mean() * 100)})
+        out.append({"accuracy": float((preds == labels).mean() * 100), "correct": preds == labels})
     idx = np.linspace(0, len(texts) - 1, min(n_latency, len(texts))).round().astype(int)
     for i in idx[:warmup]:
         for (call, _), mine in zip(calls, batches):

@@ -117,3 +117,25 @@ def test_a_paired_round_times_both_models_alternately_each_with_its_own_tokenize
     assert timed == ["var"] * b + ["ref"] * b + ["ref"] * b + ["var"] * b + ["var"] * 5 + ["ref"] * 5  # ABBA
     var_ids, ref_ids = seen_ids["var"][2:], seen_ids["ref"][2:]
     assert any((r != v).any() for r, v in zip(ref_ids, var_ids))  # each model got its own tokenizer's ids
+
+
+def test_warm_up_includes_the_largest_batch():
+    """Besides the first batches, the warm-up runs the largest shape once, so that a GPU
+    picks its kernels and grows its memory pool before the timed calls."""
+    class Pred:
+        def __init__(self):
+            self.seen = []
+
+        def __call__(self, b):
+            self.seen.append(b["input_ids"].shape)
+
+        def sync(self):
+            pass
+
+    batches = [{"input_ids": np.zeros((1, n), dtype=np.int64)} for n in (5, 3, 9, 4)]
+    pred = Pred()
+    bench_worker._warm_up(pred, batches, 2)
+    assert pred.seen == [(1, 5), (1, 3), (1, 9)]
+    pred = Pred()
+    bench_worker._warm_up(pred, batches[2:], 1)  # the largest is already among the first
+    assert pred.seen == [(1, 9)]

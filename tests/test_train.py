@@ -35,6 +35,20 @@ def test_bf16_trains_under_autocast_and_saves_fp32_weights(tiny_checkpoint, tiny
     assert seen == {torch.float32}
 
 
+def test_cuda_bf16_is_native_from_compute_capability_8(monkeypatch):
+    """T4 and V100 (capability 7.x) emulate bfloat16 although torch can make bf16 tensors there."""
+    import torch
+
+    from compress.train import bf16_native
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert bf16_native("cuda") is False
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert bf16_native("cuda") is True
+
+
 def test_emulated_bf16_is_announced(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
     import compress.train as train_mod
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compress.formats import Predictor, load_predictor
+from compress.formats import CPU_ONLY, Predictor, load_predictor
 
 SPEC_FILE = "cascade.json"
 
@@ -115,5 +115,7 @@ def load(path: Path, device: str, threads: int, options: dict) -> CascadePredict
         where = member_path(m, path)
         if not where.exists():
             raise FileNotFoundError(f"cascade {role} member '{m.get('stage')}' is missing at {where}; re-run its stage")
-        members.append(load_predictor(m["format"], where, device, threads, options))
+        # A CPU-only member (torch INT8) runs on the CPU in a cascade benchmarked on a GPU;
+        # the predictor then reports the mixed placement (effective_device "cpu+cuda").
+        members.append(load_predictor(m["format"], where, "cpu" if m["format"] in CPU_ONLY else device, threads, options))
     return CascadePredictor(path, members[0], members[1], spec["threshold"])

@@ -27,6 +27,10 @@ INT8_OPS = {
     "QAttention", "QEmbedLayerNormalization", "QGemm", "QLinearMatMul", "QLinearAdd", "QLinearMul",
     "QLinearConv", "QLinearSoftmax", "QuantizeLinear", "QOrderedMatMul", "ConvInteger",
 }
+# Of those, the ones the CUDA execution provider has no kernel for. A QDQ graph (static
+# INT8) keeps only QuantizeLinear/DequantizeLinear, which CUDA runs (as float arithmetic
+# around float MatMuls: INT8 kernels come with TensorRT, not the CUDA provider).
+CPU_INT8_OPS = INT8_OPS - {"QuantizeLinear", "QOrderedMatMul"}
 
 
 def model_file(folder: Path) -> Path:
@@ -51,8 +55,22 @@ def session(path: Path, device: str, threads: int):
     # Asking for a provider this onnxruntime build lacks only warns; the predictor then
     # reads the session's providers and reports where it really runs.
     if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+        _load_cuda_libraries(ort)
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+
+
+def _load_cuda_libraries(ort) -> None:
+    """onnxruntime-gpu (>= 1.19) finds the CUDA and cuDNN libraries of pip's nvidia-* wheels
+    only when they are loaded before the session starts; otherwise the CUDA provider fails
+    to load and the session quietly runs on the CPU. Importing torch loads them (the way
+    onnxruntime's documentation gives for environments with PyTorch); preload_dlls()
+    (onnxruntime >= 1.21) does it without torch."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
 
 
 def graph_ops(path: Path) -> set[str]:
@@ -68,21 +86,28 @@ class OnnxPredictor(Predictor):
         super().__init__(path)
         self.file = model_file(path)
         self.device = device
-        self.session = session(self.file, device, threads)
+        self.ops = graph_ops(self.file)
+        self.int8 = bool(self.ops & INT8_OPS)
+        # A dynamic INT8 graph on the CUDA provider would run split: its INT8 operators on
+        # the CPU, the rest on the GPU, with a copy at every boundary, a figure that is
+        # neither device's. It runs on the CPU instead, and is reported as a fallback.
+        cpu_int8 = device == "cuda" and bool(self.ops & CPU_INT8_OPS)
+        self.session = session(self.file, "cpu" if cpu_int8 else device, threads)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         # The worker feeds only what the graph takes (e.g. no token_type_ids for DistilBERT).
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output = "logits" if "logits" in [o.name for o in self.session.get_outputs()] else self.session.get_outputs()[0].name
-        self.ops = graph_ops(self.file)
-        self.int8 = bool(self.ops & INT8_OPS)
         self.effective_device = device
         if device == "cuda":
-            if "CUDAExecutionProvider" not in self.session.get_providers():
+            if cpu_int8:
+                self.effective_device = "cpu"
+                self.notes.append("INT8 operators have no CUDA kernels in onnxruntime; ran on the CPU")
+            elif "CUDAExecutionProvider" not in self.session.get_providers():
                 self.effective_device = "cpu"
                 self.notes.append("onnxruntime has no CUDA execution provider here; ran on the CPU")
             elif self.int8:
-                self.effective_device = "cpu"
-                self.notes.append("INT8 operators run on the CPU (no CUDA kernels in onnxruntime)")
+                self.notes.append("QDQ INT8 graph: CUDA runs its quantize/dequantize pairs around float "
+                                  "MatMuls (INT8 kernels need TensorRT)")
             if options.get("cuda_dtype", "fp32") != "fp32":
                 self.notes.append("ONNX graph runs in its stored precision (cuda_dtype applies to torch)")
 

@@ -146,8 +146,10 @@ def importance_scores(model, arch: Arch, method: str, batches=()):
         return heads, ffn
 
     # gradient: masks of ones on each head's context vector and each neuron's activation
-    head_masks = [torch.ones(_get(l, arch.attn_out).in_features // d, requires_grad=True) for l in layers]
-    ffn_masks = [torch.ones(_get(l, arch.ffn_out).in_features, requires_grad=True) for l in layers]
+    # On the model's device: the hooks multiply them into activations there.
+    dev = next(model.parameters()).device
+    head_masks = [torch.ones(_get(l, arch.attn_out).in_features // d, device=dev, requires_grad=True) for l in layers]
+    ffn_masks = [torch.ones(_get(l, arch.ffn_out).in_features, device=dev, requires_grad=True) for l in layers]
     hooks = []
     for layer, hm, fm in zip(layers, head_masks, ffn_masks):
         # The output projection's input is the heads' contexts side by side [B, T, h*d].
@@ -171,7 +173,7 @@ def importance_scores(model, arch: Arch, method: str, batches=()):
         for h in hooks:
             h.remove()
         model.train(was_training)
-    return heads, ffn
+    return [h.cpu() for h in heads], [f.cpu() for f in ffn]
 
 
 def layer_hidden(layer, arch: Arch) -> int:

@@ -71,3 +71,22 @@ def test_4bit_on_cuda(tokenizer_dir, tiny_data, tmp_path):
     pred.sync()
     assert out.shape == (2, 2) and pred.effective_device == "cuda"
     assert pred.memory_bytes() < load_predictor("hf", src, "cuda", 1).memory_bytes()
+
+
+def test_gradient_importance_on_cuda_matches_cpu(tiny_classifier):
+    """Pruning scores heads and neurons with masks multiplied into the activations: they
+    must live on the model's device, and the scores come back on the CPU."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    from compress.stages.prune import ARCHS, importance_scores
+
+    x = {"input_ids": torch.randint(3, 100, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long),
+         "labels": torch.tensor([0, 1])}
+    model = BertForSequenceClassification.from_pretrained(tiny_classifier)
+    cpu_heads, cpu_ffn = importance_scores(model, ARCHS["bert"], "gradient", [x])
+    heads, ffn = importance_scores(model.to("cuda"), ARCHS["bert"], "gradient",
+                                   [{k: v.to("cuda") for k, v in x.items()}])
+    assert all(h.device.type == "cpu" for h in heads + ffn)
+    for a, b in zip(cpu_heads + cpu_ffn, heads + ffn):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)

@@ -64,6 +64,28 @@ def test_predictor_reports_its_real_device_and_inputs(onnx_run):
         assert any("CPU" in n for n in pred.notes)
 
 
+def test_dynamic_int8_asked_for_cuda_runs_whole_on_the_cpu(onnx_run, monkeypatch):
+    """A dynamic INT8 graph is never split between the CUDA provider and the CPU: its
+    session is CPU-only and the predictor reports the fallback, with or without a GPU."""
+    import onnxruntime as ort
+
+    from compress.formats import load_predictor, onnx as onnx_fmt
+
+    _, run_dir = onnx_run
+    asked = []
+    real_session = onnx_fmt.session
+    monkeypatch.setattr(onnx_fmt, "session", lambda path, device, threads: asked.append(device) or real_session(path, device, threads))
+    pred = load_predictor("onnx", run_dir / "onnx_int8", "cuda", 1)
+    assert asked == ["cpu"]
+    assert pred.session.get_providers() == ["CPUExecutionProvider"]
+    assert pred.effective_device == "cpu" and any("no CUDA kernels" in n for n in pred.notes)
+    # The fp32 export asks for CUDA (and falls back only where onnxruntime has no provider).
+    pred = load_predictor("onnx", run_dir / "onnx", "cuda", 1)
+    assert asked[-1] == "cuda"
+    cuda_here = "CUDAExecutionProvider" in ort.get_available_providers()
+    assert pred.effective_device == ("cuda" if cuda_here else "cpu")
+
+
 def test_cpu_preset_reads_the_instruction_set(monkeypatch):
     from compress.stages import quantize_onnx
 

@@ -144,6 +144,28 @@ def test_cascade_folder_stays_valid_when_the_run_folder_moves(cascade_run, tmp_p
     assert logits.shape == (2, 2) and pred.routed_share is not None
 
 
+def test_cpu_only_member_loads_on_the_cpu_when_the_cascade_is_asked_for_cuda(cascade_run, tmp_path):
+    """Benchmarked on a GPU, a cascade whose small member is torch INT8 (CPU kernels only)
+    runs that member on the CPU rather than failing to load it."""
+    from compress.formats import cascade as cascade_fmt
+
+    _, run_dir, _ = cascade_run
+    loaded = []
+    real = cascade_fmt.load_predictor
+
+    def spy(fmt, path, device, *args):
+        loaded.append((fmt, device))
+        return real(fmt, path, "cpu", *args)  # this machine may have no GPU: load the rest on the CPU
+
+    cascade_fmt.load_predictor = spy
+    try:
+        pred = load_predictor("cascade", run_dir / "cascade", "cuda", 1)
+    finally:
+        cascade_fmt.load_predictor = real
+    assert loaded == [("torch_int8", "cpu"), ("hf", "cuda")]
+    assert pred.small.device == "cpu"
+
+
 def _context(cascade_run, out: Path, **with_):
     from compress.artifacts import ArtifactStore
     from compress.context import StageContext
