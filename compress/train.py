@@ -195,8 +195,18 @@ def train(
     from transformers import get_linear_schedule_with_warmup
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
+    from accelerate.state import AcceleratorState, PartialState
+
     set_seed(settings.seed)
-    accelerator = Accelerator(cpu=ctx.device == "cpu")
+    # accelerate keeps one device per process, fixed by the first Accelerator: a later one
+    # that asks for the CPU raises, and one that asks for the GPU silently stays on the CPU.
+    # In a single process whose stages (or tests) ask for another device, start afresh;
+    # under a multi-process launch every stage trains where the launch put it.
+    if PartialState._shared_state and PartialState().num_processes == 1 and PartialState().device.type != ctx.device:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    # mixed_precision="no": the recipe's `precision` decides (bf16 autocast below), not an
+    # ACCELERATE_MIXED_PRECISION that `accelerate launch` sets from the user's config.
+    accelerator = Accelerator(cpu=ctx.device == "cpu", mixed_precision="no")
     if settings.precision == "bf16":
         warn_if_bf16_emulated(ctx, f"{description}: precision bf16")
     generator = torch.Generator().manual_seed(settings.seed)
@@ -241,7 +251,7 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             n = int(batch["labels"].shape[0]) * accelerator.num_processes
             seen += n
-            if step % 10 == 0 or step == total_steps:
+            if step % 10 == 0 or step == len(loader):  # len(loader): this process's share of the steps
                 loss_value = float(loss.detach())
                 bar.advance(n, loss=f"{loss_value:.3f}")
             else:

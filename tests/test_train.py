@@ -35,6 +35,19 @@ def test_bf16_trains_under_autocast_and_saves_fp32_weights(tiny_checkpoint, tiny
     assert seen == {torch.float32}
 
 
+def test_the_recipe_precision_wins_over_accelerates_environment(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
+    """`accelerate launch` exports the user's mixed precision (often fp16); training keeps
+    to the recipe's `precision` all the same."""
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    seen = _linear_dtypes(monkeypatch)
+    run_stage(tiny_checkpoint, tiny_data, tmp_path / "fp32", "finetune",
+              {"epochs": 0.2, "batch_size": 16, "max_length": 32})
+    assert seen == {torch.float32}
+    assert AcceleratorState().mixed_precision == "no"
+
+
 def test_cuda_bf16_is_native_from_compute_capability_8(monkeypatch):
     """T4 and V100 (capability 7.x) emulate bfloat16 although torch can make bf16 tensors there."""
     import torch
