@@ -213,6 +213,7 @@ def measure(spec: dict) -> dict:
         "size_bytes": pred.size_bytes(),
         "params": pred.num_params(),
         "memory_bytes": pred.memory_bytes(),
+        "peak_memory_bytes": pred.peak_memory_bytes(),
         "accuracy": accuracy,
         "macro_f1": float(f1_score(labels, predictions, average="macro") * 100),
         "predictions": predictions.astype(int).tolist(),

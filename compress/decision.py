@@ -74,6 +74,7 @@ def build_rows(
                 "size_mb": r["size_bytes"] / 1e6,
                 "params": r["params"],
                 "memory_mb": (r["memory_bytes"] / 1e6) if r.get("memory_bytes") else None,
+                "peak_memory_mb": (r["peak_memory_bytes"] / 1e6) if r.get("peak_memory_bytes") else None,
                 "latency_ms": {k: r["latency_ms"][k] for k in ("p50", "p95", "p99")},
                 "latency_rounds_p50": r.get("latency_rounds_p50"),  # each round's p50; latency_ms merges them
                 "p95_ms": r["latency_ms"]["p95"],

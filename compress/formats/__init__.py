@@ -64,6 +64,11 @@ class Predictor:
         """Bytes the loaded weights take in memory, where the format can tell."""
         return None
 
+    def peak_memory_bytes(self) -> int | None:
+        """Peak device memory since the process started (weights, activations, workspaces),
+        where the runtime counts it: torch on a GPU. None elsewhere."""
+        return None
+
 
 def load_predictor(fmt: str, path: Path, device: str, threads: int, options: dict | None = None) -> Predictor:
     if fmt not in LOADERS:

@@ -40,6 +40,11 @@ class TorchPredictor(Predictor):
         if self.device == "cuda":
             self._torch.cuda.synchronize()
 
+    def peak_memory_bytes(self) -> int | None:
+        # torch's caching allocator counts every tensor it handed out on the GPU; each
+        # variant is measured in a process of its own, so the peak is this variant's.
+        return int(self._torch.cuda.max_memory_allocated()) if self.device == "cuda" else None
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 

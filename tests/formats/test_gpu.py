@@ -90,3 +90,17 @@ def test_gradient_importance_on_cuda_matches_cpu(tiny_classifier):
     assert all(h.device.type == "cpu" for h in heads + ffn)
     for a, b in zip(cpu_heads + cpu_ffn, heads + ffn):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_worker_reports_peak_gpu_memory(tiny_classifier, tmp_path):
+    import json
+
+    from compress import bench_worker
+
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"text": f"a fine film number {i}", "label": i % 2}) + "\n" for i in range(8)))
+    result = bench_worker.measure({"format": "hf", "path": str(tiny_classifier), "device": "cuda", "threads": 1,
+                                   "batch_sizes": [1, 4], "max_length": 32, "warmup": 1, "max_latency_examples": 4,
+                                   "eval_file": str(eval_file)})
+    assert result["ok"] and result["effective_device"] == "cuda"
+    assert result["peak_memory_bytes"] >= result["memory_bytes"] > 0  # weights plus activations
