@@ -79,9 +79,12 @@ def _warm_up(pred, batches: list[dict], n: int) -> None:
     """Untimed calls on the first `n` batches (at least one) and on the largest one:
     allocators, kernels, caches. The largest shape matters on a GPU, where a new shape can
     pick new kernels and grow the memory pool inside the timed region (p95/p99)."""
-    first = batches[: max(n, 1)]
-    largest = max(batches, key=lambda b: b["input_ids"].size) if batches and "input_ids" in batches[0] else None
-    for b in first + ([largest] if largest is not None and all(largest is not f for f in first) else []):
+    calls = batches[: max(n, 1)]
+    if batches and "input_ids" in batches[0]:
+        largest = max(batches, key=lambda b: b["input_ids"].size)
+        if not any(b is largest for b in calls):
+            calls = [*calls, largest]
+    for b in calls:
         pred(b)
     pred.sync()
 

@@ -191,18 +191,18 @@ def train(
     """
     import torch
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
     from torch.utils.data import DataLoader
     from transformers import get_linear_schedule_with_warmup
     from transformers.trainer_pt_utils import LengthGroupedSampler
-
-    from accelerate.state import AcceleratorState, PartialState
 
     set_seed(settings.seed)
     # accelerate keeps one device per process, fixed by the first Accelerator: a later one
     # that asks for the CPU raises, and one that asks for the GPU silently stays on the CPU.
     # In a single process whose stages (or tests) ask for another device, start afresh;
     # under a multi-process launch every stage trains where the launch put it.
-    if PartialState._shared_state and PartialState().num_processes == 1 and PartialState().device.type != ctx.device:
+    state = PartialState() if PartialState._shared_state else None  # None: no Accelerator yet
+    if state is not None and state.num_processes == 1 and state.device.type != ctx.device:
         AcceleratorState._reset_state(reset_partial_state=True)
     # mixed_precision="no": the recipe's `precision` decides (bf16 autocast below), not an
     # ACCELERATE_MIXED_PRECISION that `accelerate launch` sets from the user's config.
