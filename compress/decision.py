@@ -161,15 +161,31 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
         if not reasons:
             passing.append(r)
 
-    selected = min(passing, key=lambda r: (r[key], r["p95_ms"])) if passing else None
+    selected, tied, tolerance = pick(passing, key, budget)
     for r in candidates:
         if r is selected:
             r["verdict"] = "selected"
         elif r in passing:
             r["verdict"] = "within budget"
-            r["reasons"] = [f"within budget, but {_fmt(key, r[key])} vs {_fmt(key, selected[key])} for '{selected['id']}'"]
+            if r in tied:
+                worse = (f"less accurate ({r['accuracy']:.2f}% vs {selected['accuracy']:.2f}%)"
+                         if r["accuracy"] < selected["accuracy"] else
+                         f"larger ({r['size_mb']:.1f} MB vs {selected['size_mb']:.1f} MB)")
+                r["reasons"] = [f"within budget at {_fmt(key, r[key])}, within {tolerance:.0%} of the best "
+                                f"({_fmt(key, tied[0][key])}), but {worse} than '{selected['id']}'"]
+            else:
+                r["reasons"] = [f"within budget, but {_fmt(key, r[key])} vs {_fmt(key, selected[key])} "
+                                f"for '{selected['id']}'"]
         else:
             r["verdict"] = "rejected"
+    if len(tied) > 1:
+        best = tied[0]  # tied is ordered by the objective
+        names = ", ".join(f"'{r['id']}'" for r in tied)
+        notes.append(
+            f"{names} are within {tolerance:.0%} of the best {_NAME[key]} ({_fmt(key, best[key])}, '{best['id']}'), "
+            f"closer than timings repeat between runs (budget.tie_tolerance): the most accurate of them, "
+            f"'{selected['id']}', is deployed"
+        )
 
     # Within budget is not the same as better: a variant can keep the accuracy and still
     # cost more than the model it replaces (4-bit on a CPU dequantizes every matmul). The
@@ -200,10 +216,32 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
         "device": device,
         "objective": budget["objective"],
         "selected": selected["id"] if selected else None,
+        "tied": [r["id"] for r in tied],
+        "tie_tolerance": tolerance,
         "best_failed": best_failed,
         "exit_code": EXIT_OK if selected else EXIT_BUDGET,
         "notes": notes,
     }
+
+
+def pick(passing: list[dict], key: str, budget: dict) -> tuple[dict | None, list[dict], float]:
+    """The variant to deploy among those within budget: (selected, the ones tied with the best
+    on the objective, the tolerance that tied them).
+
+    Timed figures ($/1K, p95) move between runs of the same recipe by more than the gaps
+    between close variants (a 2-core cloud VM gave $/1K ratios of the same two variants
+    0.72x in one run and 1.12x in the next), so picking the strict minimum flips the
+    decision from run to run. Variants within `budget.tie_tolerance` of the best figure
+    count as equal, and the tie goes to the higher accuracy, then the smaller size: both
+    are the same on every run, so the pick repeats. Sizes are exact, so min_size takes no
+    tolerance."""
+    if not passing:
+        return None, [], 0.0
+    tolerance = 0.0 if key == "size_mb" else float(budget.get("tie_tolerance", 0.0))  # absent: an older report
+    best = min(r[key] for r in passing)
+    tied = sorted((r for r in passing if r[key] <= best * (1.0 + tolerance)), key=lambda r: (r[key], r["p95_ms"]))
+    selected = max(tied, key=lambda r: (r["accuracy"], -r["size_mb"], -r[key], -r["p95_ms"]))
+    return selected, tied, tolerance
 
 
 CHECKS = ("accuracy budget", "latency SLO", "size limit")
@@ -254,6 +292,9 @@ def budget_checks(r: dict, budget: dict) -> list[dict]:
         out.append({"name": CHECKS[2], "status": "pass",
                     "message": f"size {r['size_mb']:.1f} MB is within the limit of {max_mb:.1f} MB"})
     return out
+
+
+_NAME = {"usd_per_1k": "$/1K", "p95_ms": "p95 latency", "size_mb": "size"}
 
 
 def _fmt(key: str, value: float) -> str:

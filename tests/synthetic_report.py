@@ -43,8 +43,9 @@ def flip(labels: np.ndarray, n_wrong: int, seed: int = 0) -> np.ndarray:
 
 
 def recipe_dict(**budget) -> dict:
-    b = {"baseline": "baseline", "max_accuracy_drop": 1.0, "latency_p95_ms": None, "max_size_mb": None,
-         "objective": "min_cost", "device": "cpu", "gate_on": "point"}
+    from compress.recipe import BudgetSpec
+
+    b = BudgetSpec().model_dump()  # the recipe's defaults (baseline 'baseline', min_cost, cpu, ...)
     b.update(budget)
     return {"budget": b, "benchmark": {"prices": {"cpu": {"instance": "c6i.xlarge", "usd_per_hour": 0.17}},
                                        "bootstrap_samples": 300, "batch_sizes": [1, 8, 32]}}

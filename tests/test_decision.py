@@ -266,3 +266,61 @@ def test_a_selection_no_better_than_the_baseline_says_so():
     assert any("the baseline is no worse on min_cost" in n for n in d["notes"])
     d, _ = run_decide(three_variants())
     assert not any("baseline is no worse" in n for n in d["notes"])
+
+
+# ------------------------------------------------------------------ ties within timing noise
+
+
+def close_variants(cheap_throughput: float = 400.0):
+    # 'cheap' is cheaper by a margin that timings do not repeat; 'accurate' is 0.5 points
+    # more accurate (1 of 400 wrong against 3) and larger; 'far' is clearly dearer. All are
+    # within the 1-point budget.
+    return {
+        "baseline": measurement(LABELS, LABELS, p50=10, p95=12, throughput=100),
+        "cheap": measurement(flip(LABELS, 3, seed=3), LABELS, p50=4, p95=5, throughput=cheap_throughput, size_mb=50),
+        "accurate": measurement(flip(LABELS, 1, seed=4), LABELS, p50=5, p95=6, throughput=360, size_mb=200),
+        "far": measurement(flip(LABELS, 2, seed=5), LABELS, p50=9, p95=11, throughput=150, size_mb=20),
+    }
+
+
+def test_variants_within_the_tie_tolerance_go_to_the_most_accurate():
+    d, rows = run_decide(close_variants())  # 'cheap' costs 0.9x 'accurate': within the default 25%
+    assert d["selected"] == "accurate" and d["tied"] == ["cheap", "accurate"] and d["tie_tolerance"] == 0.25
+    assert any("'cheap', 'accurate' are within 25% of the best $/1K" in n and "'accurate', is deployed" in n
+               for n in d["notes"])
+    assert "less accurate (99.25% vs 99.75%) than 'accurate'" in rows["cheap"]["reasons"][0]
+    assert rows["far"]["reasons"][0].startswith("within budget, but $")  # not tied: the plain reason
+
+
+def test_the_pick_repeats_when_the_timings_of_tied_variants_swap_order():
+    # The point of the tolerance: timings that move by 10-20% between runs leave the pick alone.
+    picks = {run_decide(close_variants(cheap_throughput=t))[0]["selected"] for t in (300.0, 360.0, 400.0, 440.0)}
+    assert picks == {"accurate"}
+    # Without it, the same runs flip between the two.
+    picks = {run_decide(close_variants(cheap_throughput=t), tie_tolerance=0.0)[0]["selected"]
+             for t in (300.0, 440.0)}
+    assert picks == {"cheap", "accurate"}
+
+
+def test_a_clear_cost_gap_still_wins_and_zero_tolerance_is_strict():
+    d, _ = run_decide(close_variants(cheap_throughput=600.0))  # 0.6x: a real difference
+    assert d["selected"] == "cheap" and d["tied"] == ["cheap"]
+    assert not any("within 25%" in n for n in d["notes"])
+    d, rows = run_decide(close_variants(), tie_tolerance=0.0)
+    assert d["selected"] == "cheap"
+    assert rows["accurate"]["reasons"][0].startswith("within budget, but $")
+
+
+def test_a_tie_at_equal_accuracy_goes_to_the_smaller_variant():
+    res = close_variants()
+    res["accurate"] = measurement(flip(LABELS, 3, seed=3), LABELS, p50=5, p95=6, throughput=420, size_mb=200)
+    d, rows = run_decide(res)  # 'accurate' is now the cheapest, equally accurate, and 4x larger
+    assert d["selected"] == "cheap"
+    assert "larger (200.0 MB vs 50.0 MB) than 'cheap'" in rows["accurate"]["reasons"][0]
+
+
+def test_min_size_takes_no_tolerance():
+    res = close_variants()
+    res["accurate"]["size_bytes"] = 21e6  # 1.05x the smallest ('far', 20 MB), and more accurate
+    d, _ = run_decide(res, objective="min_size")
+    assert d["selected"] == "far" and d["tied"] == ["far"] and d["tie_tolerance"] == 0.0

@@ -151,3 +151,9 @@ def test_shipped_recipes_validate_against_their_model_and_data(cli, name):
     code, out, err = cli("validate", ROOT / "recipes" / name)
     assert code == 0, err
     assert f"{name}: valid" in out.replace("\n", "")
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, "loose"])
+def test_tie_tolerance_is_a_fraction(base, value):
+    base["budget"]["tie_tolerance"] = value
+    assert error_of(base).key == "budget.tie_tolerance"
