@@ -288,7 +288,9 @@ def test_variants_within_the_tie_tolerance_go_to_the_most_accurate():
     assert d["selected"] == "accurate" and d["tied"] == ["cheap", "accurate"] and d["tie_tolerance"] == 0.25
     assert any("'cheap', 'accurate' are within 25% of the best $/1K" in n and "'accurate', is deployed" in n
                for n in d["notes"])
-    assert "less accurate (99.25% vs 99.75%) than 'accurate'" in rows["cheap"]["reasons"][0]
+    assert rows["cheap"]["reasons"][0] == (
+        "within budget and the best $/1K ($0.00004/1K), but 'accurate' is within 25% of it and more accurate "
+        "(99.75% vs 99.25%)")
     assert rows["far"]["reasons"][0].startswith("within budget, but $")  # not tied: the plain reason
 
 
@@ -316,7 +318,7 @@ def test_a_tie_at_equal_accuracy_goes_to_the_smaller_variant():
     res["accurate"] = measurement(flip(LABELS, 3, seed=3), LABELS, p50=5, p95=6, throughput=420, size_mb=200)
     d, rows = run_decide(res)  # 'accurate' is now the cheapest, equally accurate, and 4x larger
     assert d["selected"] == "cheap"
-    assert "larger (200.0 MB vs 50.0 MB) than 'cheap'" in rows["accurate"]["reasons"][0]
+    assert "but 'cheap' is within 25% of it and smaller (50.0 MB vs 200.0 MB)" in rows["accurate"]["reasons"][0]
 
 
 def test_min_size_takes_no_tolerance():
@@ -324,3 +326,13 @@ def test_min_size_takes_no_tolerance():
     res["accurate"]["size_bytes"] = 21e6  # 1.05x the smallest ('far', 20 MB), and more accurate
     d, _ = run_decide(res, objective="min_size")
     assert d["selected"] == "far" and d["tied"] == ["far"] and d["tie_tolerance"] == 0.0
+
+
+def test_every_tied_loser_says_what_decided_the_tie():
+    res = close_variants()
+    res["mid"] = measurement(flip(LABELS, 3, seed=6), LABELS, p50=4, p95=5, throughput=380, size_mb=60)
+    d, rows = run_decide(res)
+    assert d["selected"] == "accurate" and d["tied"] == ["cheap", "mid", "accurate"]
+    reason = rows["mid"]["reasons"][0]
+    assert reason.startswith("within budget at $") and "within 25% of the best ($" in reason
+    assert reason.endswith("but 'accurate' is more accurate (99.75% vs 99.25%)")
