@@ -243,11 +243,17 @@ def distill_loss(
     T, alpha, beta = settings.temperature, settings.alpha, settings.hidden_weight
     use_hidden = beta > 0 and teacher is not None and len(layer_pairs) > 0
 
+    # The [N, C] logits go to the training device once: indexing a CPU copy with the batch's
+    # device indices would copy those back to the host, a GPU sync on every step.
+    on_device: dict = {}
+
     def loss_fn(model, batch: dict) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k not in ("idx", "labels")}
         out = model(**inputs, output_hidden_states=use_hidden)
         s = out.logits.float()  # [B, C]; fp32 even under bf16 autocast, for the softmaxes
-        t = teacher_logits[batch["idx"].cpu()].to(s.device, s.dtype)  # [B, C]
+        if s.device not in on_device:
+            on_device[s.device] = teacher_logits.to(s.device, torch.float32)
+        t = on_device[s.device][batch["idx"].to(s.device)]  # [B, C]
         kd = F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True, reduction="batchmean")
         loss = alpha * kd * (T * T) + (1 - alpha) * F.cross_entropy(s, batch["labels"])
         if use_hidden:
