@@ -240,8 +240,8 @@ def pick(passing: list[dict], key: str, budget: dict) -> tuple[dict | None, list
     0.72x in one run and 1.12x in the next), so picking the strict minimum flips the
     decision from run to run. Variants within `budget.tie_tolerance` of the best figure
     count as equal, and the tie goes to the higher accuracy, then the smaller size: both
-    are the same on every run, so the pick repeats. Sizes are exact, so min_size takes no
-    tolerance."""
+    are the same on every run, so the pick among close variants repeats. Sizes are exact,
+    so min_size takes no tolerance."""
     if not passing:
         return None, [], 0.0
     tolerance = 0.0 if key == "size_mb" else float(budget.get("tie_tolerance", 0.0))  # absent: an older report
