@@ -169,17 +169,16 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
             r["verdict"] = "within budget"
             if r in tied:
                 # Accuracy or size decided the tie: name that figure of both.
-                by_acc = r["accuracy"] < selected["accuracy"]
-                pair = (f"({selected['accuracy']:.2f}% vs {r['accuracy']:.2f}%)" if by_acc
-                        else f"({selected['size_mb']:.1f} MB vs {r['size_mb']:.1f} MB)")
+                if r["accuracy"] < selected["accuracy"]:
+                    why = f"more accurate ({selected['accuracy']:.2f}% vs {r['accuracy']:.2f}%)"
+                else:
+                    why = f"smaller ({selected['size_mb']:.1f} MB vs {r['size_mb']:.1f} MB)"
                 if r is tied[0]:
                     r["reasons"] = [f"within budget and the best {_NAME[key]} ({_fmt(key, r[key])}), but "
-                                    f"'{selected['id']}' is within {tolerance:.0%} of it and "
-                                    f"{'more accurate' if by_acc else 'smaller'} {pair}"]
+                                    f"'{selected['id']}' is within {tolerance:.0%} of it and {why}"]
                 else:
                     r["reasons"] = [f"within budget at {_fmt(key, r[key])}, within {tolerance:.0%} of the best "
-                                    f"({_fmt(key, tied[0][key])}), but '{selected['id']}' is "
-                                    f"{'more accurate' if by_acc else 'smaller'} {pair}"]
+                                    f"({_fmt(key, tied[0][key])}), but '{selected['id']}' is {why}"]
             else:
                 r["reasons"] = [f"within budget, but {_fmt(key, r[key])} vs {_fmt(key, selected[key])} "
                                 f"for '{selected['id']}'"]

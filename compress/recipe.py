@@ -193,8 +193,8 @@ class BudgetSpec(Strict):
         0.25, ge=0, le=1,
         description="Variants within budget whose $/1K (min_cost) or p95 (min_latency) is within this "
         "fraction of the best one's count as equal, and the most accurate of them is deployed (then the "
-        "smallest): timings move between runs, accuracy and size do not, so close variants stop flipping the pick. Two runs of "
-        "bert_sentiment.yaml on a 2-core cloud VM put the same two variants' $/1K 0.72x and 1.12x apart. "
+        "smallest): timings move between runs, accuracy and size do not, so close variants stop flipping "
+        "the pick. Two runs of bert_sentiment.yaml on a 2-core cloud VM put the same two variants' $/1K 0.72x and 1.12x apart. "
         "0: strictly the best figure. Sizes are exact, so min_size takes no tolerance.",
     )
     device: Literal["cpu", "cuda"] = Field(
