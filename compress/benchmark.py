@@ -63,6 +63,7 @@ def run_benchmarks(
     log: Callable[[str], None],
     force: bool = False,
     reference: str | None = None,
+    trust_remote_code: bool = False,
 ) -> tuple[dict[tuple[str, str], dict], list[str]]:
     """{(variant id, device): measurement}, and notes (such as a skipped device).
     `reference`: the variant that later rounds pair every other variant with (the budget's
@@ -92,7 +93,8 @@ def run_benchmarks(
                 "threads": spec.threads, "batch_sizes": batch_sizes, "max_length": spec.max_length,
                 "warmup": spec.warmup, "max_latency_examples": spec.max_latency_examples,
                 "latency_repeats": spec.latency_repeats,
-                "eval_file": str(eval_file), "options": {"cuda_dtype": spec.cuda_dtype},
+                "eval_file": str(eval_file),
+                "options": {"cuda_dtype": spec.cuda_dtype, "trust_remote_code": trust_remote_code},
             }
             key = digest({
                 "method": METHOD, "rounds": spec.latency_rounds, "reference": reference,
@@ -213,8 +215,8 @@ def _run_worker(job: dict, folder: Path, vid: str, device: str, threads: int) ->
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"})
     out_path.unlink(missing_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "compress.bench_worker", str(spec_path), str(out_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [*worker_command(), str(spec_path), str(out_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent,
     )
     if out_path.is_file():
         result = json.loads(out_path.read_text())
@@ -224,6 +226,32 @@ def _run_worker(job: dict, folder: Path, vid: str, device: str, threads: int) ->
     out_path.unlink(missing_ok=True)
     spec_path.unlink(missing_ok=True)
     return result
+
+
+def worker_command() -> list[str]:
+    """The worker's command line. `python -m` puts the current folder first on the import
+    path, so a `torch.py` or `numpy.py` in the folder the run was started from would be
+    imported in place of the library: -P (Python 3.11+) leaves it off; older Pythons drop
+    it before importing anything."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "compress.bench_worker"]
+    return [sys.executable, "-c", "import sys; del sys.path[0]; from compress.bench_worker import main; main()"]
+
+
+def die_with_parent() -> None:
+    """Run in the worker before it starts (preexec_fn): on Linux the kernel kills it when the
+    run's process dies, whatever killed that (SIGTERM, SIGKILL, an OOM kill), so no worker
+    keeps writing into bench/ after its run is gone."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the SIGTERM handler still stops it
+            pass
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(1)
 
 
 def _store(path: Path, result: dict) -> None:

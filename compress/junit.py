@@ -8,11 +8,21 @@ case), plus one `decision` case that fails when no compressed variant is within 
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 from compress.decision import budget_checks
 
 JUNIT_XML = "junit.xml"
+
+
+# Characters XML 1.0 cannot hold at all, even escaped: a control character in an error
+# message would make the whole file unparsable (and the CI's test report empty).
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _text(value) -> str:
+    return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", str(value))
 
 
 def junit_xml(report: dict) -> str:
@@ -23,6 +33,7 @@ def junit_xml(report: dict) -> str:
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
 
     def case(classname: str, name: str, status: str, message: str) -> None:
+        classname, name, message = _text(classname), _text(name), _text(message)
         el = ET.Element("testcase", {"classname": classname, "name": name, "time": "0"})
         if status == "fail":
             ET.SubElement(el, "failure", {"message": message, "type": "budget"}).text = message

@@ -30,7 +30,9 @@ FORMAT_HINTS: dict[str, str] = {
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # allow_inf_nan=False: every float setting is finite (`.inf` or `1e400` as a price or a
+    # budget is an error naming the key, not an infinity in report.json).
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ModelSpec(Strict):

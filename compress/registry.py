@@ -28,7 +28,9 @@ Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "bnb_4bit", "cascade"
 class StageConfig(BaseModel):
     """Base of every stage's `with:` block: unknown keys are errors, never ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `.inf`, `1e400` or `.nan` for a float setting is an error naming
+    # the key (an infinite learning rate trains a NaN model without a word).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def refs(self) -> dict[str, str]:
         """Other stages this one reads besides its `from` input, as {config key: stage id}."""

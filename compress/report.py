@@ -81,6 +81,40 @@ def print_report(report: dict, console=None) -> None:
         console.print("[bold red]no compressed variant is within budget[/bold red] (exit 3)", highlight=False)
 
 
+def _md(text) -> str:
+    """Report text (error messages, reasons, notes: they can quote a user's file) as
+    Markdown that renders as the same text: HTML is escaped (a pull-request comment would
+    render `<img onerror=...>`), control characters are shown as escapes, and a table
+    cell cannot end its cell."""
+    from html import escape
+
+    return escape(printable(str(text)), quote=False).replace("|", "\\|")
+
+
+def printable(text: str) -> str:
+    """`text` with control characters and bidirectional overrides (which reorder what a
+    reader sees) written as \\uXXXX escapes, and newlines as spaces."""
+    import unicodedata
+
+    text = text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return "".join(c if c == "\t" or unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co", "Cn")
+                   else f"\\u{ord(c):04x}" for c in text)
+
+
+def finite_json(value):
+    """`value` with NaN and infinities replaced by None: report.json is standard JSON
+    (json.dumps writes them as `NaN`/`Infinity`, which strict parsers reject)."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
 def markdown(report: dict) -> str:
     d = report["decision"]
     b = report["budget"]
@@ -96,18 +130,18 @@ def markdown(report: dict) -> str:
         lines.append(f"**No compressed variant is within budget** (max drop {b['max_accuracy_drop']} points). ")
         if d.get("best_failed"):
             bf = d["best_failed"]
-            lines.append(f"Closest: `{bf['id']}` at {bf['delta']:+.2f} points: {'; '.join(bf['reasons'])}.")
+            lines.append(f"Closest: `{bf['id']}` at {bf['delta']:+.2f} points: {_md('; '.join(bf['reasons']))}.")
     lines += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in table_rows(report)]
+    lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in table_rows(report)]
     lines += ["", f"Budget: max accuracy drop {b['max_accuracy_drop']} points (gate on {b['gate_on']})"
               + (f", p95 <= {b['latency_p95_ms']} ms" if b.get("latency_p95_ms") else "")
               + (f", size <= {b['max_size_mb']} MB" if b.get("max_size_mb") else "") + "."]
-    why = [f"- `{r['id']}` ({r['device']}): {'; '.join(r['reasons'])}" for r in report["rows"]
+    why = [f"- `{r['id']}` ({r['device']}): {_md('; '.join(r['reasons']))}" for r in report["rows"]
            if r["verdict"] in ("rejected", "within budget", "failed") and r.get("reasons")]
     if why:
         lines += ["", "<details><summary>Why the others lost</summary>", "", *why, "", "</details>"]
-    notes = [f"- {n}" for n in report.get("notes", []) + d["notes"]]
-    notes += [f"- `{r['id']}` ({r['device']}): {n}" for r in report["rows"] for n in r.get("notes", [])]
+    notes = [f"- {_md(n)}" for n in report.get("notes", []) + d["notes"]]
+    notes += [f"- `{r['id']}` ({r['device']}): {_md(n)}" for r in report["rows"] for n in r.get("notes", [])]
     if notes:
         lines += ["", "Notes:", *notes]
     m = report["manifest"]
@@ -126,7 +160,8 @@ def write_reports(report: dict, run_dir: Path) -> None:
     first: the other three are rendered from it and can be re-rendered by `compress report`)."""
     from compress import html_report, junit
 
-    renders = ((REPORT_JSON, lambda: json.dumps(report, indent=1)), (REPORT_MD, lambda: markdown(report)),
+    report = finite_json(report)
+    renders = ((REPORT_JSON, lambda: json.dumps(report, indent=1, allow_nan=False)), (REPORT_MD, lambda: markdown(report)),
                (junit.JUNIT_XML, lambda: junit.junit_xml(report)), (html_report.REPORT_HTML, lambda: html_report.render(report)))
     for name, render in renders:
         tmp = run_dir / (name + ".part")

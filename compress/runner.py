@@ -78,9 +78,10 @@ def run_recipe(
 
     from compress.data import Data
     from compress.distributed import Processes
-    from compress.sources import check_model_folder, resolve_model
+    from compress.sources import check_model_folder, first_nonfinite, resolve_model
 
     _quiet_libraries()
+    _never_prompt()
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
     run_dir = artifacts_root / recipe.name
@@ -133,6 +134,10 @@ def run_recipe(
                 t0 = time.perf_counter()
                 result = kind.run(ctx)
                 seconds = time.perf_counter() - t0
+                bad = first_nonfinite(tmp)
+                if bad:  # diverged training (a huge lr) or a NaN input: never committed
+                    raise StageError(f"[{sid}] {kind.name}: its output has NaN or infinite weights ({bad}); not kept: "
+                                     f"lower the learning rate, or check the model it started from")
                 if not isinstance(result, kind.result) or result.format != kind.produces:
                     raise StageError(f"{sid}: stage {kind.name} returned {type(result).__name__}, not its result type")
                 _test_pause(sid)
@@ -155,8 +160,23 @@ def run_recipe(
         procs.close()  # no collective call after the stages: the benchmark is the main process's
         if not procs.is_main:
             return None
+        if not model_checked and recipe.budget.baseline == MODEL_ID:
+            check_model_folder(model.path, recipe.model.trust_remote_code)  # benchmarked as it is
         report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads)
     return report
+
+
+def _never_prompt() -> None:
+    """transformers asks on stdin "Do you wish to run the custom code? [y/N]" when a folder
+    holds custom code and a loader was not told trust_remote_code; a `y` there (or in a
+    piped stdin) would run it. Every loader here passes the recipe's setting; this turns
+    any prompt that slips through into an error."""
+    try:
+        from transformers import dynamic_module_utils
+
+        dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
+    except Exception:  # pragma: no cover - an older transformers without the prompt
+        pass
 
 
 def _quiet_libraries() -> None:
@@ -240,7 +260,7 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
     log(f"benchmark: {len(variants)} variants, {threads} threads, batch sizes {recipe.benchmark.batch_sizes}")
     results, bench_notes = run_benchmarks(
         variants, recipe.benchmark.model_copy(update={"threads": threads}), data, run_dir / "bench",
-        manifest.machine_key(hw, vers), log, reference=base,
+        manifest.machine_key(hw, vers), log, reference=base, trust_remote_code=recipe.model.trust_remote_code,
     )
     if not results.get((base, "cpu"), {}).get("ok") and not any(
         results.get((base, d), {}).get("ok") for d in recipe.benchmark.devices

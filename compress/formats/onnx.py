@@ -93,7 +93,7 @@ class OnnxPredictor(Predictor):
         # neither device's. It runs on the CPU instead, and is reported as a fallback.
         cpu_int8 = device == "cuda" and bool(self.ops & CPU_INT8_OPS)
         self.session = session(self.file, "cpu" if cpu_int8 else device, threads)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=bool(options.get("trust_remote_code", False)))
         # The worker feeds only what the graph takes (e.g. no token_type_ids for DistilBERT).
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output = "logits" if "logits" in [o.name for o in self.session.get_outputs()] else self.session.get_outputs()[0].name

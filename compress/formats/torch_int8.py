@@ -86,14 +86,15 @@ def save(model, layers: dict[str, str], fp32_layers: list[str], folder: Path) ->
     (folder / SPEC_FILE).write_text(json.dumps({"layers": layers, "fp32_layers": fp32_layers}, indent=1))
 
 
-def load_model(folder: Path):
+def load_model(folder: Path, trust_remote_code: bool = False):
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     spec = json.loads((folder / SPEC_FILE).read_text())
     layers: dict[str, str] = spec["layers"]
-    model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(folder))
+    model = AutoModelForSequenceClassification.from_config(
+        AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code))
     missing, unexpected = model.load_state_dict(load_file(str(folder / FP32_FILE)), strict=False)
     expected_missing = {k for k in model.state_dict() if any(k.startswith(n + ".") for n in layers)}
     if unexpected or set(missing) - expected_missing:
@@ -120,8 +121,9 @@ def load(path: Path, device: str, threads: int, options: dict):
 
     if device != "cpu":
         raise RuntimeError("torch dynamic INT8 runs on the CPU only (no CUDA kernels)")
-    model, spec = load_model(path)
-    pred = TorchPredictor(path, model, AutoTokenizer.from_pretrained(path), "cpu")
+    trust = bool(options.get("trust_remote_code", False))
+    model, spec = load_model(path, trust)
+    pred = TorchPredictor(path, model, AutoTokenizer.from_pretrained(path, trust_remote_code=trust), "cpu")
     n_fp32 = sum(p.numel() for p in model.parameters())
     modules = dict(model.named_modules())
     n_int8 = sum(modules[n].weight().numel() + (modules[n].bias().numel() if modules[n].bias() is not None else 0) for n in spec["layers"])

@@ -141,7 +141,8 @@ def run(ctx) -> Result:
         # torch INT8 has CPU kernels only; the other formats calibrate where training runs.
         device = "cpu" if art.format == "torch_int8" else ctx.device
         try:
-            preds[role] = load_predictor(art.format, art.path, device, ctx.threads)
+            preds[role] = load_predictor(art.format, art.path, device, ctx.threads,
+                                         {"trust_remote_code": ctx.recipe.model.trust_remote_code})
         except Exception as exc:
             raise StageError(f"{ctx.stage_id}: cannot load the {role} variant '{art.id}' ({art.format}) on "
                              f"{device}: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

@@ -107,7 +107,7 @@ class Config(DistillSettings):
     """Distillation into a smaller student; see TrainSettings for the shared training fields."""
 
     lr: PositiveFloat = Field(
-        2e-4, description="Peak learning rate of AdamW (a shallow student takes a higher one than fine-tuning)."
+        2e-4, le=10, description="Peak learning rate of AdamW (a shallow student takes a higher one than fine-tuning)."
     )
     layers: list[NonNegativeInt] | None = Field(
         None,
@@ -375,8 +375,8 @@ def run(ctx) -> Result:
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
     set_seed(cfg.seed)
-    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
-    teacher = hf.load_model(ctx.input.path).eval().to(ctx.device)
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    teacher = hf.load_model(ctx.input.path, ctx.recipe.model.trust_remote_code).eval().to(ctx.device)
     n_teacher = teacher.config.num_hidden_layers
     params_teacher = sum(p.numel() for p in teacher.parameters())
     problem = check_model(cfg, teacher.config.to_dict())
@@ -392,17 +392,23 @@ def run(ctx) -> Result:
         from compress.recipe import ModelSpec
         from compress.sources import resolve_model
 
+        from compress.sources import check_model_folder
+
         source = resolve_model(ModelSpec(source=cfg.student, revision=cfg.student_revision), ctx.recipe.base_dir)
-        s_tok = AutoTokenizer.from_pretrained(source.path)
+        # The same checks as the recipe's model: no custom code unless the recipe allows it,
+        # safetensors named as transformers loads them, weights that match the config.
+        check_model_folder(source.path, ctx.recipe.model.trust_remote_code)
+        s_tok = AutoTokenizer.from_pretrained(source.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
         if s_tok.get_vocab() != tokenizer.get_vocab():
             raise StageError(
                 f"{ctx.stage_id}: student '{cfg.student}' uses another tokenizer than the teacher; "
                 f"distillation here needs the same vocabulary"
             )
-        student = AutoModelForSequenceClassification.from_pretrained(
+        student, info = AutoModelForSequenceClassification.from_pretrained(
             source.path, num_labels=ctx.num_labels, ignore_mismatched_sizes=True,
-            trust_remote_code=ctx.recipe.model.trust_remote_code,
+            trust_remote_code=ctx.recipe.model.trust_remote_code, use_safetensors=True, output_loading_info=True,
         )
+        student = hf.only_head_initialised(student, info, source.path)
         n_student = student.config.num_hidden_layers
         # Uniform matching: student layer j <-> teacher layer at the same relative depth.
         pairs = [(j, round((j + 1) * n_teacher / n_student) - 1) for j in range(n_student)]

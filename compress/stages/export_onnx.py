@@ -51,8 +51,8 @@ def run(ctx) -> Result:
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
-    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
-    model = hf.load_model(ctx.input.path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    model = hf.load_model(ctx.input.path, ctx.recipe.model.trust_remote_code).eval()
     # Optimum validates with random inputs and only logs a warning on a mismatch; the
     # parity check below replaces it with real sentences and a hard failure.
     with warnings.catch_warnings():

@@ -31,13 +31,16 @@ def run(ctx) -> Result:
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
     set_seed(cfg.seed)  # the new head's initialisation depends on it
-    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
-    model = AutoModelForSequenceClassification.from_pretrained(
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    model, info = AutoModelForSequenceClassification.from_pretrained(
         ctx.input.path,
         num_labels=ctx.num_labels,
         ignore_mismatched_sizes=True,  # a classifier with another label count gets a new head
         trust_remote_code=ctx.recipe.model.trust_remote_code,
+        use_safetensors=True,  # never the pickle beside it
+        output_loading_info=True,
     )
+    model = hf.only_head_initialised(model, info, ctx.input.path)
     data = encode(tokenizer, ctx.data.train, cfg.max_length)
     stats = train(ctx, model, tokenizer, data, cfg, description=f"{ctx.stage_id}: fine-tune")
     model = unwrap(model)

@@ -93,15 +93,16 @@ def run(ctx) -> Result:
         bnb_4bit_use_double_quant=cfg.double_quant,
         llm_int8_skip_modules=list(cfg.keep_full_precision),
     )
-    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
     # bitsandbytes' CPU kernels repack each 4-bit weight [out, in] into blocks of 64
     # inputs x 32 outputs on first use, so layers of other shapes stay in full precision.
-    odd = [n for n in bnb_4bit.unpackable_layers(hf.load_model(ctx.input.path))
+    odd = [n for n in bnb_4bit.unpackable_layers(hf.load_model(ctx.input.path, ctx.recipe.model.trust_remote_code))
            if not any(k in n.split(".") for k in cfg.keep_full_precision)]
     qconfig.llm_int8_skip_modules = list(cfg.keep_full_precision) + odd
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             ctx.input.path, quantization_config=qconfig, use_safetensors=True,
+            trust_remote_code=ctx.recipe.model.trust_remote_code,
             # Without dtype, transformers loads the non-quantized parts in float16.
             dtype=torch.float32, device_map={"": ctx.device},
         )

@@ -253,8 +253,8 @@ def run(ctx) -> Result:
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
     set_seed(cfg.seed)
-    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
-    model = hf.load_model(ctx.input.path).to(ctx.device)
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    model = hf.load_model(ctx.input.path, ctx.recipe.model.trust_remote_code).to(ctx.device)
     problem = check_model(cfg, model.config.to_dict())
     if problem:
         raise StageError(f"{ctx.stage_id}: {problem}")
@@ -279,7 +279,7 @@ def run(ctx) -> Result:
 
     recovery = None
     if cfg.recovery:
-        teacher = hf.load_model(ctx.input.path).eval().to(ctx.device)
+        teacher = hf.load_model(ctx.input.path, ctx.recipe.model.trust_remote_code).eval().to(ctx.device)
         pairs = [(i, i) for i in range(model.config.num_hidden_layers)]
         model, stats, cache, _ = distill_from(ctx, model, teacher, tokenizer, cfg, pairs, f"{ctx.stage_id}: recovery")
         ctx.log(f"  recovery: {stats.examples} examples in {stats.seconds:.0f}s ({stats.examples_per_s:.0f} ex/s)")

@@ -67,8 +67,8 @@ def run(ctx) -> Result:
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
-    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
-    fp32 = hf.load_model(ctx.input.path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    fp32 = hf.load_model(ctx.input.path, ctx.recipe.model.trust_remote_code).eval()
     names = torch_int8.linear_layers(fp32)
     forced = [n for n in names if any(fnmatch(n, p) for p in cfg.keep_fp32)]
 

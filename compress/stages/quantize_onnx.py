@@ -180,7 +180,7 @@ def _calibrate(ctx, cfg: Config, quantizer, ops, tmp: Path, AutoCalibrationConfi
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
     inputs = [i.name for i in ort.InferenceSession(str(quantizer.onnx_model_path), providers=["CPUExecutionProvider"]).get_inputs()]
     calib = ctx.data.calibration(cfg.calibration_examples)
     # minmax keeps running extremes, so each example can have its own length (no padding).

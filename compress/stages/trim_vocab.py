@@ -80,7 +80,7 @@ class Config(DistillSettings):
         description="With `recovery`: the chance that a training word of four or more letters that is one "
         "vocabulary entry is split into the pieces it would get without that entry (drawn once per example).",
     )
-    lr: PositiveFloat = Field(5e-5, description="Peak learning rate of AdamW for the recovery (a light touch).")
+    lr: PositiveFloat = Field(5e-5, le=10, description="Peak learning rate of AdamW for the recovery (a light touch).")
     self_check_examples: PositiveInt = Field(
         2000, description="Training texts re-tokenized with the new tokenizer to verify ids map one to one."
     )
@@ -243,14 +243,14 @@ def run(ctx) -> Result:
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
-    tok = AutoTokenizer.from_pretrained(ctx.input.path)
+    tok = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
     model_type = json.loads(tok.backend_tokenizer.to_str())["model"]["type"] if tok.is_fast else None
     if model_type != "WordPiece":
         raise StageError(
             f"{ctx.stage_id}: trim_vocab supports WordPiece fast tokenizers only (this one: "
             f"{model_type or 'a slow tokenizer'}); remove the stage for this model"
         )
-    model = hf.load_model(ctx.input.path).eval()
+    model = hf.load_model(ctx.input.path, ctx.recipe.model.trust_remote_code).eval()
     if model.get_output_embeddings() is not None:
         raise StageError(f"{ctx.stage_id}: the model ties its embeddings to an output layer; trim_vocab cannot cut it")
     params_before = sum(p.numel() for p in model.parameters())
@@ -294,7 +294,7 @@ def run(ctx) -> Result:
     new_tok = trimmed_tokenizer(tok, keep_ids)
     with tempfile.TemporaryDirectory() as tmp:  # check what will be loaded, not the object in memory
         new_tok.save_pretrained(tmp)
-        new_tok = AutoTokenizer.from_pretrained(tmp)
+        new_tok = AutoTokenizer.from_pretrained(tmp, trust_remote_code=ctx.recipe.model.trust_remote_code)
     sample = split.select(range(min(cfg.self_check_examples, len(split))))
     for old_ids, new_ids in zip(_token_lists(tok, sample), _token_lists(new_tok, sample)):
         if remap[old_ids].tolist() != new_ids:  # corpus words must tokenize exactly as before
