@@ -28,6 +28,22 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def sealed(record: dict) -> dict:
+    """`record` with a `checksum` of its own content: a cache file (completion marker, cached
+    measurement) edited by hand or by another tool no longer matches it and is rebuilt,
+    never trusted. Computed over the JSON round trip, so a reader that loads the file
+    computes the same value."""
+    body = json.loads(json.dumps({k: v for k, v in record.items() if k != "checksum"}))
+    return {**body, "checksum": digest(body)}
+
+
+def is_sealed(record) -> bool:
+    """Whether a loaded cache file is a JSON object whose checksum matches its content."""
+    if not isinstance(record, dict) or not isinstance(record.get("checksum"), str):
+        return False
+    return record["checksum"] == digest({k: v for k, v in record.items() if k != "checksum"})
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -83,8 +99,10 @@ class ArtifactStore:
             return None, "no output yet" if not folder.exists() else "incomplete output"
         try:
             marker = json.loads(marker_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError, RecursionError):
             return None, "unreadable completion marker"
+        if not is_sealed(marker) or not isinstance(marker.get("files"), dict) or not isinstance(marker.get("format"), str):
+            return None, "completion marker edited, damaged or of an older version"
         if fingerprint is not None and marker.get("fingerprint") != fingerprint:
             return None, "inputs or settings changed"
         if _checksums(folder) != marker.get("files"):
@@ -97,6 +115,7 @@ class ArtifactStore:
             return None
         folder = self.folder(stage_id)
         result = json.loads((folder / RESULT).read_text()) if (folder / RESULT).is_file() else {}
+        result = result if isinstance(result, dict) else {}
         files = marker["files"]
         output = digest({k: v for k, v in files.items() if k != RESULT})
         return Artifact(stage_id, folder, marker["format"], marker["fingerprint"], result, digest(files), output)
@@ -107,7 +126,7 @@ class ArtifactStore:
         return tmp
 
     def commit(self, stage_id: str, tmp: Path, fingerprint: str, fmt: str, meta: dict | None = None) -> Artifact:
-        marker = {"fingerprint": fingerprint, "format": fmt, "files": _checksums(tmp), **(meta or {})}
+        marker = sealed({"fingerprint": fingerprint, "format": fmt, "files": _checksums(tmp), **(meta or {})})
         marker_tmp = tmp / (MARKER + ".part")
         marker_tmp.write_text(json.dumps(marker, indent=1))
         with open(marker_tmp, "rb") as fh:

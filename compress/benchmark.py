@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from compress.artifacts import digest
+from compress.artifacts import digest, is_sealed, sealed
 from compress.formats import CPU_ONLY
 
 # What a measurement means (bench_worker): bumped when that changes, so that measurements
@@ -104,7 +104,9 @@ def run_benchmarks(
             })
             out = folder / f"{art.id}.{device}.json"
             cached = None if force or not out.is_file() else _read_json(out)  # unreadable: measured again
-            jobs.append((art, job, key, cached if cached is not None and cached.get("key") == key else None))
+            # Edited (an accuracy changed by hand), damaged or of another shape: measured again.
+            usable = cached is not None and is_sealed(cached) and cached.get("key") == key and cached.get("ok") is True
+            jobs.append((art, job, key, cached if usable else None))
         if jobs and all(cached is not None for *_, cached in jobs):
             for art, _, _, cached in jobs:
                 log(f"  {art.id} on {device}: measured before (cached)")
@@ -200,7 +202,7 @@ def merge_rounds(result: dict, rounds: list[list[float]]) -> None:
 def _read_json(path: Path) -> dict | None:
     try:
         value = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
@@ -259,7 +261,7 @@ def _store(path: Path, result: dict) -> None:
     failures are not cached: the next run tries again."""
     if result.get("ok"):
         part = path.with_suffix(".part")
-        part.write_text(json.dumps(result))
+        part.write_text(json.dumps(sealed(result)))
         part.rename(path)
     else:
         path.unlink(missing_ok=True)

@@ -218,19 +218,40 @@ def init(
     out.print(f"wrote {output}; next: compress validate {output} && compress run {output}", highlight=False)
 
 
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM (a CI job cancelled, `kill`, a container stopped) ends the run as Ctrl-C does:
+    the stage being written is discarded, the benchmark worker is killed with it
+    (subprocess.run kills its child on the way out; the worker also dies with its parent),
+    and one line is printed."""
+    _state["terminated"] = True
+    raise KeyboardInterrupt
+
+
+def _interrupted() -> None:
+    if _state.get("terminated"):
+        _fail(TERMINATED, 128 + 15)
+    _fail(INTERRUPTED, 130)
+
+
 def main() -> None:
+    import signal
+
     command = typer.main.get_command(app)
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (an embedding program): its own handling stays
+        pass
     try:
         code = command.main(args=sys.argv[1:], prog_name="compress", standalone_mode=False)
         if code == 130:  # typer turns Ctrl-C into a silent exit code 130
-            _fail(INTERRUPTED, 130)
+            _interrupted()
         sys.exit(code if isinstance(code, int) else EXIT_OK)
     except CompressError as exc:
         if _state["debug"]:
             raise
         _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        _fail(INTERRUPTED, 130)
+        _interrupted()
     except Exception as exc:
         if _state["debug"] and not hasattr(exc, "format_message"):
             raise
@@ -238,7 +259,7 @@ def main() -> None:
         if kind == "Exit":
             sys.exit(getattr(exc, "exit_code", EXIT_OK))
         if kind == "Abort":
-            _fail(INTERRUPTED, 130)
+            _interrupted()
         disk = _disk_problem(exc)
         if disk:
             _fail(disk, EXIT_USAGE)
@@ -249,6 +270,7 @@ def main() -> None:
 
 
 INTERRUPTED = "interrupted; run again to resume (finished stages are kept)"
+TERMINATED = "terminated (SIGTERM); run again to resume (finished stages are kept)"
 
 # errno -> (what happened, what to do). Some writers (safetensors' Rust core) report the
 # OS error only in their message, hence the texts.

@@ -220,6 +220,37 @@ class Data:
         self._order = order
         self.train = self.train_full.select(order[:n])
         self._fingerprints()
+        self._check_overlap()
+
+    @staticmethod
+    def _row_keys(split: Split) -> list[str]:
+        """Rows compared case- and whitespace-blind (a copy re-saved by another tool still matches)."""
+        pairs = split.pairs if split.pairs is not None else [""] * len(split)
+        return [" ".join(t.lower().split()) + "\x1f" + " ".join(p.lower().split()) for t, p in zip(split.texts, pairs)]
+
+    def _check_overlap(self) -> None:
+        """Eval rows that also appear in the training split score what a model memorised,
+        not what it learned: their share is measured and reported (`overlap` in the
+        manifest, a note in the report), and an eval split made entirely of training rows
+        (one file given for both splits, a dev that is a copy of train) is an error."""
+        train = set(self._row_keys(self.train_full))
+        shared = sum(k in train for k in self._row_keys(self.eval))
+        self.overlap = {"eval_rows_in_train": int(shared), "eval_rows": len(self.eval),
+                        "share": round(shared / len(self.eval), 4)}
+        self.notes: list[str] = []
+        if shared == len(self.eval):
+            same = self.sources["train"] == self.sources["eval"]
+            raise DataError(
+                f"{self.sources['eval']}: every eval row also appears in the training split"
+                + (" (one file serves as both splits)" if same else f" ({self.sources['train']})")
+                + "; accuracy on it would measure memory, not the model: give a separate eval split "
+                "(a folder with train and dev/validation files)"
+            )
+        if shared:
+            self.notes.append(
+                f"{shared} of {len(self.eval)} eval rows ({shared / len(self.eval):.1%}) also appear in the training "
+                f"split; the accuracy on those measures memory, not generalisation"
+            )
 
     # Examples right after the training subset in the fixed order, kept for calibration
     # (quantization ranges, parity checks, cascade thresholds): `train_pool` never trains on
@@ -274,4 +305,5 @@ class Data:
             "fingerprint": self.fingerprint,
             "train_fingerprint": self.train_fingerprint,
             "eval_fingerprint": self.eval_fingerprint,
+            "overlap": self.overlap,
         }

@@ -131,8 +131,11 @@ def build_rows(
     return rows
 
 
-def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict:
-    """Marks every row of the deciding device with a verdict and reasons; returns the decision."""
+def decide(rows: list[dict], recipe: dict, available_devices: list[str], eval_examples: int | None = None) -> dict:
+    """Marks every row of the deciding device with a verdict and reasons; returns the decision.
+    `eval_examples`: the eval split's size; under budget.min_eval_examples no variant is
+    deployed (exit 3): a handful of sentences cannot tell a variant within budget from one
+    that is not (one sentence of one is a 0-point delta with the interval [0, 0])."""
     budget = recipe["budget"]
     base_id = budget["baseline"]
     device = budget["device"]
@@ -184,6 +187,19 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
                                 f"for '{selected['id']}'"]
         else:
             r["verdict"] = "rejected"
+    minimum = int(budget.get("min_eval_examples") or 0)
+    thin = selected is not None and eval_examples is not None and eval_examples < minimum
+    if thin:
+        notes.append(
+            f"the evidence is too thin: the eval split has {eval_examples} sentence{'s' if eval_examples != 1 else ''}, "
+            f"fewer than budget.min_eval_examples ({minimum}), so '{selected['id']}' is not deployed; give a larger "
+            f"eval split, or set budget.min_eval_examples lower to accept it"
+        )
+        selected["verdict"] = "within budget"
+        selected["reasons"] = [f"within budget, but not deployed: {eval_examples} eval sentences are fewer than "
+                               f"budget.min_eval_examples ({minimum})"]
+        selected = None
+        tied = []
     if len(tied) > 1:
         best = tied[0]  # tied is ordered by the objective
         names = ", ".join(f"'{r['id']}'" for r in tied)
@@ -216,7 +232,7 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
                 f"no compressed variant is within budget; the closest is '{best['id']}' "
                 f"({best['delta']:+.2f} points: {'; '.join(best['reasons'])})"
             )
-        else:
+        elif not thin:
             notes.append("no compressed variant could be measured")
     return {
         "device": device,
@@ -225,6 +241,7 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
         "tied": [r["id"] for r in tied],
         "tie_tolerance": tolerance,
         "best_failed": best_failed,
+        "too_few_eval_examples": thin,
         "exit_code": EXIT_OK if selected else EXIT_BUDGET,
         "notes": notes,
     }

@@ -202,6 +202,12 @@ class BudgetSpec(Strict):
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Whose figures decide (the other device is reported only)."
     )
+    min_eval_examples: int = Field(
+        50, ge=0,
+        description="Fewest eval sentences a deployment decision is made on: with fewer, no variant is "
+        "deployed (exit 3) and the decision says the evidence is too thin. Under 50 sentences one sentence "
+        "moves accuracy by more than 2 points, twice the default drop budget. 0 accepts any size.",
+    )
     gate_on: Literal["point", "ci_lower"] = Field(
         "point",
         description="`point` gates on the measured accuracy delta; `ci_lower` on the lower end "

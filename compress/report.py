@@ -77,6 +77,8 @@ def print_report(report: dict, console=None) -> None:
     if d["selected"]:
         console.print(f"[bold green]deploy: {d['selected']}[/bold green] ({d['objective']} on {d['device']}, "
                       f"max drop {report['budget']['max_accuracy_drop']} points)", highlight=False)
+    elif d.get("too_few_eval_examples"):
+        console.print("[bold red]nothing deployed: too few eval sentences to decide[/bold red] (exit 3)", highlight=False)
     else:
         console.print("[bold red]no compressed variant is within budget[/bold red] (exit 3)", highlight=False)
 
@@ -126,6 +128,9 @@ def markdown(report: dict) -> str:
             f"({_delta(sel)} points vs `{b['baseline']}`), {sel['size_mb']:.1f} MB, p95 {sel['p95_ms']:.2f} ms, "
             f"{_cost(sel)}."
         )
+    elif d.get("too_few_eval_examples"):
+        lines.append(f"**Nothing deployed: too few eval sentences to decide** (budget.min_eval_examples "
+                     f"{b.get('min_eval_examples')}).")
     else:
         lines.append(f"**No compressed variant is within budget** (max drop {b['max_accuracy_drop']} points). ")
         if d.get("best_failed"):
@@ -177,8 +182,101 @@ def read_report(path: Path) -> dict:
         report = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CompressError(f"{path}: no such report; run `compress run RECIPE` first")
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except IsADirectoryError:
+        raise CompressError(f"{path}: is a folder, not a report.json")
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise CompressError(f"{path}: not a valid report.json")
+    except OSError as exc:
+        raise CompressError(f"{path}: cannot read it ({exc.strerror or exc.__class__.__name__})")
     if not isinstance(report, dict) or report.get("schema_version") != 1 or "rows" not in report:
         raise CompressError(f"{path}: not a compress report (schema_version 1)")
+    problem = report_shape_problem(report)
+    if problem:
+        raise CompressError(f"{path}: malformed report.json: {problem}; re-run `compress run` to write it again")
     return report
+
+
+def report_shape_problem(report: dict) -> str | None:
+    """What is wrong with the shape of a loaded report.json (the keys and types that
+    `report`, `gate` and `compare` read), or None. A hand-edited or truncated file is a
+    one-line error, not a crash in a renderer."""
+    from typing import Optional
+
+    from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+    class Loose(BaseModel):
+        model_config = ConfigDict(extra="allow")
+
+    class Latency(Loose):
+        p50: float
+        p95: float
+        p99: float
+
+    class Row(Loose):
+        id: str
+        format: str
+        device: str
+        ok: bool
+        verdict: str
+        reasons: list[str] = []
+        notes: list[str] = []
+        accuracy: Optional[float] = None
+        delta: Optional[float] = None
+        delta_ci95: Optional[tuple[float, float]] = None
+        size_mb: Optional[float] = None
+        p95_ms: Optional[float] = None
+        latency_ms: Optional[Latency] = None
+        throughput: Optional[dict[str, float]] = None
+        usd_per_1k: Optional[float] = None
+        operating_point: Optional[dict] = None
+        speedup_vs_baseline: Optional[float] = None
+
+        @model_validator(mode="after")
+        def _measured(self):
+            if self.ok and (self.accuracy is None or self.size_mb is None or self.latency_ms is None
+                            or not self.throughput):
+                raise ValueError("a row marked ok lacks accuracy, size_mb, latency_ms or throughput")
+            if self.delta is not None and self.delta_ci95 is None:
+                raise ValueError("a row with a delta lacks delta_ci95")
+            if self.usd_per_1k is not None and not isinstance((self.operating_point or {}).get("batch_size"), int):
+                raise ValueError("a row with usd_per_1k lacks operating_point.batch_size")
+            return self
+
+    class Budget(Loose):
+        baseline: str
+        max_accuracy_drop: float
+        gate_on: str = "point"
+        latency_p95_ms: Optional[float] = None
+        max_size_mb: Optional[float] = None
+
+    class Decision(Loose):
+        selected: Optional[str]
+        device: str
+        objective: str
+        notes: list[str]
+        best_failed: Optional[dict] = None
+
+    class Manifest(Loose):
+        threads: int
+        hardware: dict
+        data: dict
+        versions: dict
+
+    class Report(Loose):
+        recipe: str
+        devices: list[str]
+        budget: Budget
+        decision: Decision
+        rows: list[Row]
+        manifest: Manifest
+        notes: list[str] = []
+
+    try:
+        Report.model_validate(report)
+    except ValidationError as err:
+        e = err.errors()[0]
+        where = ".".join(str(p) for p in e["loc"])
+        return f"{where}: {e['msg']}"[:300] if where else e["msg"][:300]
+    except RecursionError:
+        return "nested too deeply"
+    return None

@@ -97,6 +97,8 @@ def run_recipe(
         data = Data(recipe.data, recipe.base_dir)
         log(f"data: {len(data.train)} training / {len(data.eval)} eval examples, {data.num_labels} labels "
             f"({data.sources['eval']})")
+        for note in data.notes:
+            log(f"data: note: {note}")
         artifacts: dict[str, Artifact] = {MODEL_ID: Artifact(MODEL_ID, model.path, model.format, model.fingerprint)}
 
         threads = threads or recipe.benchmark.threads
@@ -279,7 +281,7 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
         })
     rows = build_rows(meta, results, data.eval.labels, resolved)
     devices = list(dict.fromkeys(d for (_, d) in results))
-    decision = decide(rows, resolved, devices)
+    decision = decide(rows, resolved, devices, eval_examples=len(data.eval))
     seeds = {"data": recipe.data.seed, **{s.id: getattr(s.config, "seed", None) for s in recipe.stages if hasattr(s.config, "seed")}}
     report = {
         "schema_version": 1,
@@ -293,7 +295,7 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
             sid: {**info, "result": {k: v for k, v in artifacts[sid].result.items() if k != "format"}}
             for sid, info in stages_info.items()
         },
-        "notes": bench_notes + (["trust_remote_code is on: model code from the hub was allowed to run"]
+        "notes": data.notes + bench_notes + (["trust_remote_code is on: model code from the hub was allowed to run"]
                                 if recipe.model.trust_remote_code else []),
         "manifest": {
             "recipe_file": str(recipe.path) if recipe.path else None,

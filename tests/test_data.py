@@ -31,7 +31,7 @@ def test_glue_folder_with_dev_alias_and_subset(tmp_path):
 def test_train_pool_extends_the_subset_but_never_takes_the_calibration_slice(tmp_path, monkeypatch):
     monkeypatch.setattr(Data, "CALIBRATION_RESERVE", 10)
     rows = [(f"sentence number {i}", i % 2) for i in range(100)]
-    d = Data(spec(folder(tmp_path, rows, rows[:5]), max_train_examples=30), tmp_path)
+    d = Data(spec(folder(tmp_path, rows, [(f"held out {i}", i % 2) for i in range(5)]), max_train_examples=30), tmp_path)
     everything = d.train_pool(None)
     assert len(everything) == 90  # 100 minus the 10 reserved for calibration
     assert everything.texts[:30] == d.train.texts  # the subset first, in its order
@@ -41,7 +41,7 @@ def test_train_pool_extends_the_subset_but_never_takes_the_calibration_slice(tmp
 
 def test_quotes_are_text_in_tsv(tmp_path):
     rows = [('he said "great" film', 1), ("it's 'bad", 0)] * 3
-    d = Data(spec(folder(tmp_path, rows, rows)), tmp_path)
+    d = Data(spec(folder(tmp_path, rows, rows + [("a film not trained on", 1)])), tmp_path)
     assert d.eval.texts[0] == 'he said "great" film'
 
 

@@ -146,6 +146,8 @@ def test_absurdly_long_texts_are_truncated_not_rejected(tmp_path, tiny_checkpoin
     rows = [("good " * 200_000, 1), ("bad", 0)] * 4
     (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
     shutil.copy(tmp_path / "train.tsv", tmp_path / "dev.tsv")
+    with open(tmp_path / "dev.tsv", "a") as fh:  # an eval split entirely of training rows is refused
+        fh.write("a sentence not trained on\t0\n")
     data = Data(DataSpec(dataset=str(tmp_path)), tmp_path)
     assert max(len(t) for t in data.train.texts) > 500_000
     enc = encode(AutoTokenizer.from_pretrained(tiny_checkpoint), data.train, max_length=32)
