@@ -77,7 +77,13 @@ def run_benchmarks(
         devices.append(d)
     eval_file = write_eval_file(data, folder)
     results: dict[tuple[str, str], dict] = {}
-    batch_sizes = sorted(set([1, *spec.batch_sizes]))
+    # A batch larger than the eval split is the whole split: measured (and reported) as that.
+    n_eval = len(data.eval)
+    batch_sizes = sorted({1, *(min(b, n_eval) for b in spec.batch_sizes)})
+    over = sorted(b for b in spec.batch_sizes if b > n_eval)
+    if over:
+        notes.append(f"benchmark.batch_sizes {', '.join(map(str, over))} exceed the eval split's {n_eval} sentences; "
+                      f"measured as batch {n_eval}")
     for device in devices:
         # Speed-ups compare variants with each other, so on one device either every variant
         # comes from the cache or every variant is measured again now: latencies taken in

@@ -71,6 +71,8 @@ def run(
     from compress.runner import run_recipe
 
     r = load_recipe(recipe, set_ or [])
+    if artifacts.exists() and not artifacts.is_dir():
+        raise CompressError(f"--artifacts: '{artifacts}' is a file, not a folder; point it at a folder (created if missing)")
     ids = {s.id for s in r.stages}
     for f in force or []:
         if f not in ids:
@@ -307,13 +309,31 @@ def _disk_problem(exc: BaseException) -> str | None:
     return None
 
 
+MAX_ERROR_CHARS = 500
+
+
+def _printable(text: str) -> str:
+    import unicodedata
+
+    return "".join(c if unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co", "Cn") else f"\\u{ord(c):04x}"
+                   for c in text)
+
+
 def _fail(message: str, code: int) -> None:
     from compress.console import err
 
     from rich.markup import escape
 
     # One line whatever the input held (an id with a newline, say), printed as written:
-    # "[int8] ..." is a stage id, not rich markup.
+    # "[int8] ..." is a stage id, not rich markup. Control characters and right-to-left
+    # overrides (which reorder what the terminal shows) are written as escapes, and a huge
+    # value quoted in the message (a 50 MB --set) is cut in the middle.
     message = message.replace("\r", "\\r").replace("\n", "\\n")
+    if len(message) > MAX_ERROR_CHARS:
+        half = MAX_ERROR_CHARS // 2
+        message = f"{message[:half]} ... ({len(message) - 2 * half} characters left out) ... {message[-half:]}"
+    message = _printable(message)
+    if len(message) > MAX_ERROR_CHARS + 60:  # escapes lengthened it
+        message = message[:MAX_ERROR_CHARS] + " ..."
     err.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from compress.recipe import DataSpec
 
 SUFFIXES = (".tsv", ".csv", ".jsonl", ".json", ".parquet")
+_INT = re.compile(r"-?[0-9]+")
 # GLUE ships its validation split as `dev`.
 SPLIT_ALIASES = {"validation": ("validation", "dev", "val", "valid"), "dev": ("dev", "validation")}
 
@@ -110,8 +112,10 @@ def _local_root(spec: "DataSpec", base_dir: Path) -> Path | None:
         candidate = expand_user(root) / leaf
         if candidate.is_dir():
             return candidate.resolve()
-    if spec.dataset.startswith((".", "/", "~")):
-        raise DataError(f"data.dataset: no such file or folder '{direct}'")
+    from compress.sources import looks_like_path, missing_path_reason
+
+    if spec.dataset.startswith((".", "/", "~")) or direct.is_symlink() or looks_like_path(spec.dataset):
+        raise DataError(f"data.dataset: {missing_path_reason(direct).replace('no such folder', 'no such file or folder')}")
     return None
 
 
@@ -141,7 +145,8 @@ def _frame_to_split(frame, spec: "DataSpec", where: str) -> Split:
             raise DataError(f"{where}: row {i + 1}: label is missing")
     labels = np.empty(len(raw_labels), dtype=np.int64)
     for i, v in enumerate(raw_labels):
-        if isinstance(v, bool) or not (isinstance(v, (int, np.integer)) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())):
+        # ASCII digits only: str.isdigit() accepts '¹' or '٣', which int() then rejects (or reads).
+        if isinstance(v, bool) or not (isinstance(v, (int, np.integer)) or (isinstance(v, str) and _INT.fullmatch(v.strip()))):
             raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer")
         if not -(2**31) < int(v) < 2**31:  # would overflow int64 (and no head has that many classes)
             raise DataError(f"{where}: row {i + 1}: label {str(v)[:40]} is out of range")

@@ -20,6 +20,10 @@ from compress.registry import Format, StageConfig, get_stage, registry
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 MODEL_ID = "model"  # the recipe's model, usable as `from: model` and `budget.baseline: model`
 RESERVED_IDS = {MODEL_ID, "bench", "reports"}
+# Device names Windows reserves in every folder (`nul`, `CON.txt` alike): a run or stage folder
+# so named cannot be created there, or writes to the device.
+WINDOWS_DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; a bigger file is not one
 BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "bnb_4bit", "cascade")
 # Why a format cannot go further down a chain, added to "takes X, but Y gives Z" errors.
 FORMAT_HINTS: dict[str, str] = {
@@ -312,6 +316,8 @@ def parse_override(text: str) -> tuple[list[str | int], Any]:
         raise RecipeError("--set", text, "empty key")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
+    except RecursionError:
+        raise RecipeError("--set", key, "value is nested too deeply")
     except yaml.YAMLError as exc:
         raise RecipeError("--set", key, f"value is not valid YAML ({exc.__class__.__name__})")
     return parts, value
@@ -373,16 +379,37 @@ class _SafeUniqueKeyLoader(yaml.SafeLoader):
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Read, override and validate a recipe. Raises RecipeError naming the key."""
+    import stat
+
     path = Path(path)
     where = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        info = path.stat()  # before opening: opening a FIFO blocks until a writer comes
+    except FileNotFoundError:
+        raise RecipeError(where, "", "no such file" if not path.is_symlink() else "a symlink to a file that does not exist")
+    except OSError as exc:
+        import errno
+
+        why = "a symlink loop" if exc.errno == errno.ELOOP else f"cannot read the file ({exc.strerror or exc.__class__.__name__})"
+        raise RecipeError(where, "", why)
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a pipe or a device)"
+        raise RecipeError(where, "", f"is {kind}; give the recipe's YAML file")
+    if info.st_size > MAX_RECIPE_BYTES:
+        raise RecipeError(where, "", f"{info.st_size} bytes is too large for a recipe (at most {MAX_RECIPE_BYTES})")
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(MAX_RECIPE_BYTES + 1).decode("utf-8")
     except FileNotFoundError:
         raise RecipeError(where, "", "no such file")
     except (OSError, UnicodeDecodeError) as exc:
         raise RecipeError(where, "", f"cannot read the file ({exc.__class__.__name__})")
+    if len(text) > MAX_RECIPE_BYTES:  # grew while read, or a special file that stat calls regular
+        raise RecipeError(where, "", f"too large for a recipe (at most {MAX_RECIPE_BYTES} bytes)")
     try:
         raw = yaml.load(text, Loader=_SafeUniqueKeyLoader)
+    except RecursionError:
+        raise RecipeError(where, "", "nested too deeply to be a recipe")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -401,10 +428,14 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
         recipe = Recipe.model_validate(raw)
     except ValidationError as err:
         raise _first_error(where, err, model=Recipe)
+    except RecursionError:
+        raise RecipeError(where, "", "nested too deeply to be a recipe")
     recipe._path = path.resolve() if path else None
 
     if not SAFE_ID.match(recipe.name):
         raise RecipeError(where, "name", f"'{recipe.name}' is not a safe folder name (letters, digits, '-', '_')")
+    if recipe.name.lower() in WINDOWS_DEVICES:
+        raise RecipeError(where, "name", f"'{recipe.name}' is a device name on Windows, not a folder; choose another name")
 
     kinds = registry()
     seen: dict[str, int] = {}
@@ -417,6 +448,8 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
         # Case-blind: ids that differ only in case share a folder on macOS and Windows.
         if spec.id.lower() in RESERVED_IDS:
             raise RecipeError(where, f"stages[{i}].id", f"'{spec.id}' is reserved; choose another id")
+        if spec.id.lower() in WINDOWS_DEVICES:
+            raise RecipeError(where, f"stages[{i}].id", f"'{spec.id}' is a device name on Windows, not a folder; choose another id")
         if spec.id.lower() in seen:
             raise RecipeError(where, f"stages[{i}].id", f"duplicate id '{spec.id}' (first at stages[{seen[spec.id.lower()]}]; "
                               f"ids must differ in more than case)")
@@ -432,8 +465,24 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
         except ValidationError as err:
             raise _first_error(where, err, prefix=("stages", i, "with"), model=kind.config)
 
+    if "cpu" not in recipe.benchmark.devices and not gpu_present():
+        raise RecipeError(where, "benchmark.devices", f"{recipe.benchmark.devices}: no such device on this machine "
+                          f"(no NVIDIA GPU found); add cpu, or run on a machine with a GPU")
     _check_graph(recipe, where)
     return recipe
+
+
+def gpu_present() -> bool:
+    """Whether this machine may have a CUDA GPU, decided without importing torch (validation
+    stays fast): an NVIDIA device node, unless CUDA_VISIBLE_DEVICES hides every device. Errs
+    towards yes; the benchmark checks with torch and notes a GPU that does not answer."""
+    import glob
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or bool(glob.glob("/dev/dxg"))  # dxg: WSL
 
 
 def _check_graph(recipe: Recipe, where: str) -> None:

@@ -123,6 +123,9 @@ def _looks_like_path(src: str) -> bool:
             or re.match(r"[A-Za-z]:[\\/]", src) is not None)
 
 
+looks_like_path = _looks_like_path
+
+
 def missing_path_reason(path: Path) -> str:
     """Why `path` cannot be used, for a one-line error: a symlink loop or a link to nothing
     is not reported as a missing folder."""
@@ -172,10 +175,23 @@ def peek_model_config(spec: "ModelSpec", base_dir: Path) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
+def model_files(folder: Path) -> list[Path]:
+    """The files under a model folder, leaving out compress's own run folders (a folder with a
+    run lock or a completion marker): an --artifacts folder placed inside the model folder
+    would otherwise change the model's fingerprint with every stage it writes (nothing is
+    ever reused) and count the run's outputs in the model's size."""
+    out = []
+    for root, dirs, files in os.walk(folder):
+        here = Path(root)
+        dirs[:] = sorted(d for d in dirs if not ((here / d / ".lock").exists() or (here / d / "_complete.json").exists()))
+        out += [here / f for f in files if (here / f).is_file()]
+    return sorted(out)
+
+
 def fingerprint_files(folder: Path, suffixes: tuple[str, ...] | None = None) -> str:
     """sha256 over the names and contents of a folder's files (weights and configs)."""
     h = hashlib.sha256()
-    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for f in model_files(folder):
         if f.name.startswith(".") or (suffixes and f.suffix not in suffixes and f.suffix != ".json"):
             continue
         h.update(str(f.relative_to(folder)).encode())

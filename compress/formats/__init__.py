@@ -55,7 +55,9 @@ class Predictor:
         raise NotImplementedError
 
     def model_files(self) -> list[Path]:
-        return [p for p in self.path.rglob("*") if p.is_file() and p.name not in NON_MODEL_FILES and not p.name.startswith(".")]
+        from compress.sources import model_files
+
+        return [p for p in model_files(self.path) if p.name not in NON_MODEL_FILES and not p.name.startswith(".")]
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.model_files())
