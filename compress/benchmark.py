@@ -78,7 +78,7 @@ def run_benchmarks(
     eval_file = write_eval_file(data, folder)
     results: dict[tuple[str, str], dict] = {}
     # A batch larger than the eval split is the whole split: measured (and reported) as that.
-    n_eval = len(data.eval)
+    n_eval = len(data.eval.texts)
     batch_sizes = sorted({1, *(min(b, n_eval) for b in spec.batch_sizes)})
     over = sorted(b for b in spec.batch_sizes if b > n_eval)
     if over:

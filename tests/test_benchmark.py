@@ -100,3 +100,70 @@ def test_later_rounds_pair_every_variant_with_the_reference(tmp_path, monkeypatc
     calls.clear()
     benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None, reference="b")
     assert calls[:3] == [("a", None), ("b", None), ("c", None)] and ("a", "b") in calls
+
+
+def test_the_worker_does_not_import_from_the_working_folder(tmp_path, monkeypatch):
+    """`python -m` puts the current folder first on the import path: a numpy.py in the folder
+    the run was started from must not be what the worker imports."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "numpy.py").write_text("open('pwned_by_cwd', 'w').write('x')\nraise ImportError('shadowed numpy')\n")
+    monkeypatch.chdir(work)
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    eval_file = bench / "eval.jsonl"
+    eval_file.write_text('{"text": "a film", "label": 1}\n')
+    job = {"format": "hf", "path": str(tmp_path / "no_model"), "device": "cpu", "threads": 1, "batch_sizes": [1],
+           "max_length": 8, "warmup": 0, "max_latency_examples": 1, "eval_file": str(eval_file)}
+    result = benchmark._run_worker(job, bench, "v", "cpu", 1)
+    assert not (work / "pwned_by_cwd").exists(), "the worker imported numpy.py from the working folder"
+    assert result["ok"] is False and "shadowed" not in result["error"]
+
+
+def test_batch_sizes_beyond_the_eval_split_are_measured_as_the_whole_split(tmp_path, monkeypatch):
+    jobs = []
+
+    def fake_worker(job, folder, vid, device, threads):
+        jobs.append(job)
+        return _worker_result([10.0] * 4)
+
+    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    arts = [SimpleNamespace(id="a", format="hf", path=tmp_path / "a", fingerprint="a", content="a")]
+    data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"] * 96, labels=[1] * 96, pairs=None))
+    spec = BenchmarkSpec(devices=["cpu"], latency_rounds=1, batch_sizes=[8, 100000])
+    _, notes = benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None)
+    assert jobs[0]["batch_sizes"] == [1, 8, 96]
+    assert any("100000" in n and "measured as batch 96" in n for n in notes)
+
+
+def test_an_edited_or_malformed_cached_measurement_is_measured_again(tmp_path, monkeypatch):
+    """A cached result carries a checksum of its own content: an accuracy edited to 99.9, or
+    a file of another shape, is not trusted."""
+    import json
+
+    calls = []
+
+    def fake_worker(job, folder, vid, device, threads):
+        calls.append(vid)
+        return _worker_result([10.0] * 4)
+
+    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    arts = [SimpleNamespace(id="a", format="hf", path=tmp_path / "a", fingerprint="a", content="a")]
+    data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
+    spec = BenchmarkSpec(devices=["cpu"], latency_rounds=1)
+    run = lambda: benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None)[0]
+    run()
+    cached = tmp_path / "a.cpu.json"
+    assert "checksum" in json.loads(cached.read_text())
+    run()
+    assert calls == ["a"]  # intact: reused
+
+    edited = json.loads(cached.read_text())
+    edited["accuracy"] = 99.9
+    cached.write_text(json.dumps(edited))
+    assert run()[("a", "cpu")]["accuracy"] == 90.0 and calls == ["a", "a"]
+
+    for shape in ("[]", '"text"', '{"key": 1}', "{"):
+        cached.write_text(shape)
+        assert run()[("a", "cpu")]["accuracy"] == 90.0
+    assert len(calls) == 6

@@ -69,9 +69,48 @@ def _mutated_model(tiny_checkpoint: Path, spec: dict, dest: Path) -> Path:
         (dest / "config.json").write_text(json.dumps(cfg))
     for name in spec.get("delete", []):
         (dest / name).unlink()
+    if "rename" in spec:
+        old, new = spec["rename"]
+        (dest / old).rename(dest / new)
+    if "safetensors_shape" in spec:  # the first tensor's header declares another shape
+        name, shape = spec["safetensors_shape"]
+        header, body = _read_safetensors(dest / name)
+        first = next(k for k in header if k != "__metadata__")
+        header[first]["shape"] = shape
+        _write_safetensors(dest / name, header, body)
+    if "drop_tensor" in spec or "nan" in spec:
+        from safetensors.torch import load_file, save_file
+
+        name, tensor, *how = spec.get("drop_tensor") or spec["nan"]
+        tensors = load_file(str(dest / name))
+        if "drop_tensor" in spec:
+            del tensors[tensor]
+        else:
+            tensors[tensor][0, 0] = float(how[0] if how else "nan")
+        save_file(tensors, str(dest / name), metadata={"format": "pt"})
+    if spec.get("custom_tokenizer"):  # auto_map to code in the folder that proves it ran
+        (dest / "evil_tokenizer.py").write_text(
+            "open('pwned.txt', 'w').write('custom code ran')\n"
+            "from transformers import BertTokenizerFast\n"
+            "class EvilTokenizer(BertTokenizerFast):\n    pass\n")
+        cfg = json.loads((dest / "tokenizer_config.json").read_text())
+        cfg.update({"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": [None, "evil_tokenizer.EvilTokenizer"]}})
+        (dest / "tokenizer_config.json").write_text(json.dumps(cfg))
     if "pickle_bomb" in spec:
         (dest / spec["pickle_bomb"]).write_bytes(pickle.dumps({"weight": _Pwned()}))
     return dest
+
+
+def _read_safetensors(path: Path) -> tuple[dict, bytes]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8: 8 + n]), raw[8 + n:]
+
+
+def _write_safetensors(path: Path, header: dict, body: bytes) -> None:
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(len(head).to_bytes(8, "little") + head + body)
 
 
 def _case_recipe(case: str, work: Path, tiny_checkpoint: Path, tiny_data: Path) -> Path:

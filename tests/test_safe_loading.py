@@ -108,3 +108,124 @@ def test_remote_code_is_off_unless_the_recipe_sets_it(tiny_checkpoint, tiny_data
     from tests.conftest import tiny_recipe
 
     assert validate_recipe(tiny_recipe(tiny_checkpoint, tiny_data)).model.trust_remote_code is False
+
+
+# Loaders of models, tokenizers and configs: transformers' own classes and ours. Optimum's
+# ORTQuantizer/ORTOptimizer read an ONNX graph we exported (from a model already checked)
+# and take no trust_remote_code; a prompt they might raise is turned into an error by
+# runner._never_prompt.
+_NOT_TRANSFORMERS_LOADERS = ("ORTQuantizer", "ORTOptimizer")
+
+
+def test_every_loader_passes_trust_remote_code():
+    """Left unset, transformers asks on stdin whether to run a folder's custom code (and a
+    `y` there runs it): every from_pretrained passes the recipe's setting explicitly."""
+    problems = []
+    for where, call in _calls():
+        name = _name(call.func)
+        if not name.endswith(".from_pretrained") or name.split(".")[-2] in _NOT_TRANSFORMERS_LOADERS:
+            continue
+        if _kw(call, "trust_remote_code") is None:
+            problems.append(f"{where}:{call.lineno}: {name}( without trust_remote_code=")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_model_load_is_safetensors_only():
+    """Every model-class from_pretrained in the package (stages included, not only the
+    formats) passes use_safetensors=True: a pickle beside a safetensors file named like a
+    shard is never the fallback."""
+    problems = []
+    for where, call in _calls():
+        name = _name(call.func)
+        if name.endswith(".from_pretrained") and "Model" in name.split(".")[-2] and name.split(".")[-2] not in _NOT_TRANSFORMERS_LOADERS:
+            if not _is_true(_kw(call, "use_safetensors")):
+                problems.append(f"{where}:{call.lineno}: {name}( without use_safetensors=True")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_loader_scans_can_fail(tmp_path, monkeypatch):
+    import sys
+
+    bad = tmp_path / "compress"
+    bad.mkdir()
+    (bad / "m.py").write_text("AutoTokenizer.from_pretrained(p)\nAutoModelForSequenceClassification.from_pretrained(p, trust_remote_code=t)\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", bad)
+    for scan, needle in ((test_every_loader_passes_trust_remote_code, "AutoTokenizer.from_pretrained"),
+                         (test_every_model_load_is_safetensors_only, "without use_safetensors")):
+        try:
+            scan()
+        except AssertionError as exc:
+            assert needle in str(exc)
+        else:
+            raise AssertionError(f"{scan.__name__} found nothing")
+
+
+def test_a_package_source_is_found_without_importing_its_parents(tmp_path, monkeypatch):
+    """`package:a.b` locates a/b/model through the import path: a's __init__ never runs
+    (importlib.util.find_spec('a.b') would import it)."""
+    import sys
+
+    from compress.sources import _package_dir
+
+    pkg = tmp_path / "hostile_parent_pkg"
+    (pkg / "child" / "model").mkdir(parents=True)
+    marker = tmp_path / "parent_code_ran"
+    (pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (pkg / "child" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (pkg / "child" / "model" / "config.json").write_text("{}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _package_dir("hostile_parent_pkg.child") == pkg / "child" / "model"
+    assert not marker.exists() and "hostile_parent_pkg" not in sys.modules
+
+
+def test_a_missing_package_source_is_one_line(tmp_path, monkeypatch):
+    import pytest as _pytest
+
+    from compress.errors import ModelSourceError
+    from compress.sources import _package_dir
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with _pytest.raises(ModelSourceError, match="not installed"):
+        _package_dir("no_such_pkg_for_compress.child")
+
+
+def _custom_code_tokenizer(src: Path, dest: Path) -> Path:
+    """A copy of a model folder whose tokenizer config maps to code in the folder; the code
+    writes pwned.txt into the working folder when it runs."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dest)
+    (dest / "evil_tokenizer.py").write_text(
+        "open('pwned.txt', 'w').write('custom code ran')\n"
+        "from transformers import BertTokenizerFast\nclass EvilTokenizer(BertTokenizerFast):\n    pass\n")
+    cfg = json.loads((dest / "tokenizer_config.json").read_text())
+    cfg.update({"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": [None, "evil_tokenizer.EvilTokenizer"]}})
+    (dest / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def test_a_distill_student_with_custom_code_never_runs_it(cli, tmp_path, monkeypatch, tiny_classifier, tiny_data):
+    """The student folder gets the recipe model's checks: with trust_remote_code off its
+    custom tokenizer code does not run, even with a `y` waiting on stdin (the consent
+    transformers' prompt would have taken)."""
+    import io
+    import sys
+
+    from tests.conftest import tiny_recipe
+
+    student = _custom_code_tokenizer(tiny_classifier, tmp_path / "student")
+    raw = tiny_recipe(tiny_classifier, tiny_data)
+    raw["stages"] = [{"id": "small", "uses": "distill", "with": {"student": str(student), "epochs": 1}}]
+    raw["budget"] = {"baseline": "model"}
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "recipe.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 10))
+    code, out, err = cli("run", "recipe.yaml")
+    assert not (work / "pwned.txt").exists(), "the student's custom code ran"
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "custom code" in line and str(student) in line
+    assert "[y/N]" not in out + err
