@@ -170,7 +170,9 @@ def write_reports(report: dict, run_dir: Path) -> None:
                (junit.JUNIT_XML, lambda: junit.junit_xml(report)), (html_report.REPORT_HTML, lambda: html_report.render(report)))
     for name, render in renders:
         tmp = run_dir / (name + ".part")
-        tmp.write_text(render(), encoding="utf-8")
+        # backslashreplace: a lone surrogate (a file name that is not UTF-8, decoded with
+        # surrogateescape) is written as an escape instead of failing the whole report.
+        tmp.write_text(render(), encoding="utf-8", errors="backslashreplace")
         tmp.rename(run_dir / name)
 
 

@@ -79,3 +79,35 @@ def test_second_run_is_refused(tmp_path):
         p.join(10)
     with RunLock(tmp_path):  # free again once the first run ended
         time.sleep(0)
+
+
+def test_an_edited_completion_marker_is_not_trusted(tmp_path):
+    """The marker carries a checksum of its own content: an edited format, or a file list
+    edited to match changed files, makes the stage run again."""
+    import json
+
+    from compress.artifacts import MARKER, _checksums
+
+    store = ArtifactStore(tmp_path)
+    _write(store, "a", "fp")
+    marker_path = tmp_path / "a" / MARKER
+    original = json.loads(marker_path.read_text())
+    assert "checksum" in original
+
+    marker_path.write_text(json.dumps({**original, "format": "onnx"}))
+    assert store.load("a", "fp") is None and "edited" in store.check("a", "fp")[1]
+
+    (tmp_path / "a" / "model.safetensors").write_bytes(b"other weights")
+    marker_path.write_text(json.dumps({**original, "files": _checksums(tmp_path / "a")}))
+    assert store.load("a", "fp") is None
+
+
+@pytest.mark.parametrize("content", ["[]", '"x"', "1", '{"fingerprint": "fp"}', '{"files": [], "checksum": 3}', "[" * 100000])
+def test_a_completion_marker_of_the_wrong_shape_is_rebuilt_not_a_crash(tmp_path, content):
+    from compress.artifacts import MARKER
+
+    store = ArtifactStore(tmp_path)
+    _write(store, "a", "fp")
+    (tmp_path / "a" / MARKER).write_text(content)
+    marker, why = store.check("a", "fp")
+    assert marker is None and why

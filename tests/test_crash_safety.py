@@ -261,3 +261,59 @@ def test_kill_in_export_then_resume_and_a_corrupt_onnx_file(tmp_path, tiny_class
     assert code == 2
     line = one_line_error(err)
     assert "[onnx]" in line and "corrupt" in line
+
+
+def _workers(run_dir: Path) -> list[int]:
+    """Pids of live benchmark workers of this run (their command line names its bench folder)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((ln for ln in (proc / "status").read_text().splitlines() if ln.startswith("State:")), "")
+        except OSError:
+            continue
+        if "compress.bench_worker" in cmd and str(run_dir) in cmd and "Z" not in state.split()[1:2]:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _gone(pids: list[int], run_dir: Path, timeout: float = 30) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not set(pids) & set(_workers(run_dir)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_or_sigkill_of_the_run_takes_its_benchmark_worker_with_it(tmp_path, tiny_classifier, tiny_data):
+    """Only the main process is signalled (as a CI runner or `kill PID` does, not the group):
+    SIGTERM ends the run with one line and exit 143, SIGKILL leaves no orphan; either way the
+    worker stops instead of writing on into bench/."""
+    recipe = tiny_recipe(tiny_classifier, tiny_data)
+    recipe["stages"] = [{"id": "int8", "uses": "quantize_dynamic", "with": {"calibration_examples": 16, "sensitivity_examples": 8}}]
+    recipe["budget"] = {"baseline": "model", "max_accuracy_drop": 5.0}
+    recipe["benchmark"]["max_latency_examples"] = 96
+    recipe["benchmark"]["latency_repeats"] = 50  # a worker that is still busy when the signal comes
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    run_dir = (tmp_path / "artifacts" / "tiny").resolve()
+
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        p = start(tmp_path, "--artifacts", str(tmp_path / "artifacts"))
+        wait_for(p, "bench/*.spec.json", run_dir)
+        end = time.monotonic() + 60
+        while not _workers(run_dir) and time.monotonic() < end and p.poll() is None:
+            time.sleep(0.05)
+        workers = _workers(run_dir)
+        assert workers, "no benchmark worker seen"
+        os.kill(p.pid, sig)  # the main process alone
+        code, err = finish(p)
+        assert _gone(workers, run_dir), f"benchmark worker outlived its run ({sig.name})"
+        if sig == signal.SIGTERM:
+            assert code == 143, err
+            assert "terminated (SIGTERM); run again to resume" in one_line_error(err)
+        for stale in run_dir.glob("bench/*.spec.json"):
+            stale.unlink()

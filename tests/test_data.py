@@ -115,3 +115,31 @@ def test_real_sst2_matches_its_readme():
     d = Data(spec("stanfordnlp/sst2", mirror=str(SST2)), SST2)
     assert len(d.train_full) == 67349 and len(d.eval) == 872
     assert set(np.unique(d.eval.labels)) == {0, 1}
+
+
+def test_eval_rows_seen_in_training_are_measured_and_reported(tmp_path):
+    train = [(f"training sentence {i}", i % 2) for i in range(40)]
+    dev = train[:3] + [(f"held out sentence {i}", i % 2) for i in range(7)]
+    d = Data(spec(folder(tmp_path, train, [(t.upper() + "  ", y) for t, y in dev[:3]] + dev[3:])), tmp_path)
+    assert d.overlap == {"eval_rows_in_train": 3, "eval_rows": 10, "share": 0.3}  # case and spacing blind
+    assert d.describe()["overlap"]["eval_rows_in_train"] == 3
+    assert any("3 of 10 eval rows (30.0%)" in n for n in d.notes)
+
+
+@pytest.mark.parametrize("layout", ["dev_is_a_copy", "one_file"])
+def test_an_eval_split_made_of_training_rows_is_an_error(tmp_path, layout):
+    rows = synthetic_rows(50, 0)
+    if layout == "one_file":
+        dataset = write_tsv(tmp_path / "all.tsv", rows)
+    else:
+        dataset = folder(tmp_path, rows, rows[:20])
+    with pytest.raises(DataError, match="every eval row also appears in the training split") as exc:
+        Data(spec(dataset), tmp_path)
+    assert ("one file serves as both splits" in str(exc.value)) is (layout == "one_file")
+
+
+@pytest.mark.parametrize("label", ["¹", "--1", "٣", "1_0", "+-1"])
+def test_labels_are_ascii_integers(tmp_path, label):
+    folder(tmp_path, [("a", 0), ("b", 1), ("c", label)], [("x", 0), ("y", 1)])
+    with pytest.raises(DataError, match="row 3.*not an integer"):
+        Data(spec(tmp_path), tmp_path)

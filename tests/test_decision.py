@@ -336,3 +336,32 @@ def test_every_tied_loser_says_what_decided_the_tie():
     reason = rows["mid"]["reasons"][0]
     assert reason.startswith("within budget at $") and "within 25% of the best ($" in reason
     assert reason.endswith("but 'accurate' is more accurate (99.75% vs 99.25%)")
+
+
+def test_too_few_eval_sentences_deploy_nothing_unless_the_minimum_is_lowered():
+    """One eval sentence gives a 0-point delta with the interval [0, 0]: below
+    budget.min_eval_examples (default 50) the decision says the evidence is too thin, exit 3."""
+    import copy
+
+    from compress.decision import build_rows, decide
+    from tests.synthetic_report import measurement, recipe_dict, variants
+
+    labels = np.array([1])
+    res = {("baseline", "cpu"): measurement(labels, labels), ("int8", "cpu"): measurement(labels, labels, size_mb=25)}
+    recipe = recipe_dict()
+    rows = build_rows(variants("baseline", "int8"), copy.deepcopy(res), labels, recipe)
+    d = decide(rows, recipe, ["cpu"], eval_examples=1)
+    assert d["selected"] is None and d["exit_code"] == 3 and d["too_few_eval_examples"]
+    assert any("evidence is too thin" in n and "1 sentence," in n for n in d["notes"])
+    assert next(r for r in rows if r["id"] == "int8")["verdict"] == "within budget"
+
+    lowered = recipe_dict(min_eval_examples=0)
+    rows = build_rows(variants("baseline", "int8"), copy.deepcopy(res), labels, lowered)
+    d = decide(rows, lowered, ["cpu"], eval_examples=1)
+    assert d["selected"] == "int8" and d["exit_code"] == 0
+
+
+def test_the_default_minimum_eval_size_is_fifty():
+    from compress.recipe import BudgetSpec
+
+    assert BudgetSpec().min_eval_examples == 50
