@@ -312,17 +312,12 @@ def _disk_problem(exc: BaseException) -> str | None:
 MAX_ERROR_CHARS = 500
 
 
-def _printable(text: str) -> str:
-    import unicodedata
-
-    return "".join(c if unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co", "Cn") else f"\\u{ord(c):04x}"
-                   for c in text)
-
-
 def _fail(message: str, code: int) -> None:
     from compress.console import err
 
     from rich.markup import escape
+
+    from compress.report import printable
 
     # One line whatever the input held (an id with a newline, say), printed as written:
     # "[int8] ..." is a stage id, not rich markup. Control characters and right-to-left
@@ -332,7 +327,7 @@ def _fail(message: str, code: int) -> None:
     if len(message) > MAX_ERROR_CHARS:
         half = MAX_ERROR_CHARS // 2
         message = f"{message[:half]} ... ({len(message) - 2 * half} characters left out) ... {message[-half:]}"
-    message = _printable(message)
+    message = printable(message)
     if len(message) > MAX_ERROR_CHARS + 60:  # escapes lengthened it
         message = message[:MAX_ERROR_CHARS] + " ..."
     err.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)

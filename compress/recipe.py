@@ -57,9 +57,10 @@ class ModelSpec(Strict):
 
 class DataSpec(Strict):
     dataset: str = Field(
-        description="A hub dataset id (`stanfordnlp/sst2`), or a local folder or file "
-        "(tsv, csv, jsonl, json, parquet). A folder holds one file per split, named after "
-        "the split (`dev` is accepted for `validation`)."
+        description="A hub dataset id (`stanfordnlp/sst2`), or a local folder "
+        "(tsv, csv, jsonl, json, parquet) holding one file per split, named after "
+        "the split (`dev` is accepted for `validation`). A single file would be both the "
+        "training and the eval split: refused, as is any eval split made only of training rows."
     )
     mirror: str | None = Field(
         None,
