@@ -141,3 +141,24 @@ def test_warm_up_includes_the_largest_batch():
     pred = Pred()
     bench_worker._warm_up(pred, batches[2:], 1)  # the largest is already among the first
     assert pred.seen == [(1, 9)]
+
+
+def test_non_finite_logits_fail_the_variant_instead_of_scoring_it(tiny_classifier, tmp_path):
+    """NaN in a classifier head makes every argmax one class, which still scores about the
+    majority rate: the worker fails such a variant rather than report that accuracy."""
+    import shutil
+
+    import pytest
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "nan_head"
+    shutil.copytree(tiny_classifier, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    tensors["classifier.bias"][0] = float("nan")
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"text": f"a film {i}", "label": i % 2}) + "\n" for i in range(6)))
+    spec = {"format": "hf", "path": str(model), "device": "cpu", "threads": 1, "batch_sizes": [1, 4],
+            "max_length": 16, "warmup": 0, "max_latency_examples": 3, "eval_file": str(eval_file)}
+    with pytest.raises(ValueError, match="NaN or infinite logits for 6 of 6"):
+        bench_worker.measure(spec)
