@@ -240,7 +240,28 @@ def measure(spec: dict) -> dict:
     }
 
 
+def _die_with_parent() -> None:
+    """On Linux the kernel kills this worker when the run that started it dies, whatever
+    killed that (SIGTERM, SIGKILL, an OOM kill), so no worker keeps writing into bench/
+    after its run is gone. Set here rather than in a preexec_fn (Python code between fork
+    and exec, which a Ctrl-C to the process group can interrupt); a parent that died before
+    this line is caught by comparing the parent pid with the one the run passed."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - no prctl: the run's SIGTERM handler still stops it
+        return
+    parent = os.environ.get("COMPRESS_BENCH_PARENT", "")
+    if parent.isdigit() and os.getppid() != int(parent):
+        os._exit(1)
+
+
 def main() -> None:
+    _die_with_parent()
     spec_path, out_path = sys.argv[1], sys.argv[2]
     spec = json.loads(Path(spec_path).read_text())
     try:  # a folder with custom code is an error here, never a question on stdin

@@ -221,10 +221,11 @@ def _run_worker(job: dict, folder: Path, vid: str, device: str, threads: int) ->
     env = dict(os.environ)
     # Fix the thread pools of every runtime before it starts (torch, OpenMP, MKL, ORT).
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"})
+    env["COMPRESS_BENCH_PARENT"] = str(os.getpid())  # the worker dies with this process (bench_worker)
     out_path.unlink(missing_ok=True)
     proc = subprocess.run(
         [*worker_command(), str(spec_path), str(out_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     if out_path.is_file():
         result = json.loads(out_path.read_text())
@@ -244,22 +245,6 @@ def worker_command() -> list[str]:
     if sys.version_info >= (3, 11):
         return [sys.executable, "-P", "-m", "compress.bench_worker"]
     return [sys.executable, "-c", "import sys; del sys.path[0]; from compress.bench_worker import main; main()"]
-
-
-def die_with_parent() -> None:
-    """Run in the worker before it starts (preexec_fn): on Linux the kernel kills it when the
-    run's process dies, whatever killed that (SIGTERM, SIGKILL, an OOM kill), so no worker
-    keeps writing into bench/ after its run is gone."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):  # pragma: no cover - no prctl: the SIGTERM handler still stops it
-            pass
-        if os.getppid() == 1:  # the parent died before prctl took effect
-            os._exit(1)
 
 
 def _store(path: Path, result: dict) -> None:
