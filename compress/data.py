@@ -216,6 +216,14 @@ class Data:
         # A fixed permutation of the training split: its head is the training subset,
         # its tail the calibration pool, so the two never overlap when data allows.
         order = np.random.default_rng(spec.seed).permutation(len(self.train_full))
+        hold = spec.holdout
+        self.holdout_calibration = self.holdout_check = None
+        if hold.calibration or hold.check:
+            carved, dropped = carve_sentences(self.train_full, hold.calibration + hold.check, spec.seed)
+            self.holdout_calibration = self.train_full.select(carved[: hold.calibration])
+            self.holdout_check = self.train_full.select(carved[hold.calibration:])
+            self.holdout_dropped = len(dropped)
+            order = order[~np.isin(order, dropped)]
         n = min(spec.max_train_examples or len(order), len(order))
         self._order = order
         self.train = self.train_full.select(order[:n])
@@ -226,16 +234,24 @@ class Data:
     # them, so a stage that calibrates never sees examples a model learned.
     CALIBRATION_RESERVE = 2000
 
+    @property
+    def _reserve(self) -> int:
+        # Whole held-out sentences calibrate instead: no training row need be set aside.
+        return 0 if self.holdout_calibration is not None else self.CALIBRATION_RESERVE
+
     def train_pool(self, n: int | None) -> Split:
         """The training subset, then further examples of the training split in the fixed
         order, n in all (None: as many as there are), skipping the calibration reserve."""
-        start = min(len(self.train) + self.CALIBRATION_RESERVE, len(self._order))
+        start = min(len(self.train) + self._reserve, len(self._order))
         pool = np.concatenate([self._order[: len(self.train)], self._order[start:]])
         return self.train_full.select(pool[: len(pool) if n is None else n])
 
     def calibration(self, n: int) -> Split:
         """n training examples outside the training subset (or from it, if none are left);
-        the first CALIBRATION_RESERVE of them are never in `train_pool`."""
+        the first CALIBRATION_RESERVE of them are never in `train_pool`. With
+        `data.holdout.calibration`, the held-out whole sentences (at most that many)."""
+        if self.holdout_calibration is not None:
+            return self.holdout_calibration.select(range(min(n, len(self.holdout_calibration))))
         pool = self._order[len(self.train):]
         if len(pool) < n:
             pool = np.concatenate([pool, self._order[: n - len(pool)]])
@@ -256,6 +272,9 @@ class Data:
         h = hashlib.sha256()
         self._hash_split(h, self.train_full)
         h.update(f"{self.spec.seed}/{len(self.train)}/{self.num_labels}".encode())
+        hold = self.spec.holdout
+        if hold.calibration or hold.check:  # absent otherwise: fingerprints of older runs stay valid
+            h.update(f"/holdout {hold.calibration} {hold.check}".encode())
         self.train_fingerprint = h.hexdigest()
         h = hashlib.sha256()
         self._hash_split(h, self.eval)
@@ -264,7 +283,12 @@ class Data:
         self.fingerprint = hashlib.sha256((self.train_fingerprint + self.eval_fingerprint).encode()).hexdigest()
 
     def describe(self) -> dict:
+        held = {}
+        if self.holdout_calibration is not None:
+            held = {"holdout_calibration": len(self.holdout_calibration), "holdout_check": len(self.holdout_check),
+                    "holdout_dropped_rows": self.holdout_dropped}
         return {
+            **held,
             "sources": self.sources,
             "train_examples": len(self.train),
             "train_split_examples": len(self.train_full),
@@ -275,3 +299,39 @@ class Data:
             "train_fingerprint": self.train_fingerprint,
             "eval_fingerprint": self.eval_fingerprint,
         }
+
+
+def carve_sentences(split: Split, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Picks n whole sentences of a training split, and every row learned from them.
+
+    Treebank data (SST-2) lists each sentence and then every phrase of its parse as rows
+    of their own: scoring a model on a sentence whose phrases it trained on measures
+    recall, not generalisation. A whole sentence is a row whose tokens are not a
+    contiguous span of a longer row's (rows of text pairs are all whole). Returns
+    (the picked rows in a seeded order [n'], every row to keep out of training: the
+    picked ones and each row whose text is a span of one of them [m]). Written here
+    because no data library knows phrase-level treebank rows.
+    """
+    rng = np.random.default_rng(seed + 1)  # not the training order's stream
+    tokens = [" ".join(t.split()) for t in split.texts]
+    if split.pairs is not None:
+        whole = np.arange(len(tokens))
+    else:
+        spans: set[str] = set()
+        for t in tokens:  # every proper contiguous span of every row: O(sum of len^2), seconds for SST-2
+            w = t.split()
+            for i in range(len(w)):
+                for j in range(i + 1, len(w) + 1 - (i == 0)):
+                    spans.add(" ".join(w[i:j]))
+        whole = np.array([i for i, t in enumerate(tokens) if t and t not in spans], dtype=np.int64)
+    picked = whole[rng.permutation(len(whole))[: min(n, len(whole))]]
+    if split.pairs is not None:
+        return picked, picked
+    inside: set[str] = set()
+    for i in picked:
+        w = tokens[i].split()
+        for a in range(len(w)):
+            for b in range(a + 1, len(w) + 1):
+                inside.add(" ".join(w[a:b]))
+    dropped = np.array([i for i, t in enumerate(tokens) if t in inside], dtype=np.int64)
+    return picked, dropped

@@ -49,6 +49,24 @@ class ModelSpec(Strict):
     )
 
 
+class HoldoutSpec(Strict):
+    calibration: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Whole sentences of the training split used as the calibration slice (quantization "
+        "ranges, parity checks, cascade thresholds) instead of random training rows: shaped like an eval "
+        "split of whole sentences, and never trained on.",
+    )
+    check: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Further whole sentences that the run never uses, kept for `eval/heldout.py`, which "
+        "scores a finished run's variants on them and says what the recipe would deploy there.",
+    )
+
+
 class DataSpec(Strict):
     dataset: str = Field(
         description="A hub dataset id (`stanfordnlp/sst2`), or a local folder or file "
@@ -81,6 +99,13 @@ class DataSpec(Strict):
         None, description="Number of classes; inferred from the labels when unset."
     )
     seed: int = Field(0, description="Seed of the training subset and of the calibration slice.")
+    holdout: HoldoutSpec = Field(
+        default_factory=HoldoutSpec,
+        description="Whole sentences carved out of the training split before anything trains. A whole "
+        "sentence is a row that no longer row contains (treebank data such as SST-2 also lists every "
+        "phrase of a sentence as a row; other data: every row). Every training row that is a span of a "
+        "carved sentence is dropped too, so no phrase of it is learned.",
+    )
 
 
 class StageSpec(Strict):

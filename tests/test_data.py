@@ -115,3 +115,38 @@ def test_real_sst2_matches_its_readme():
     d = Data(spec("stanfordnlp/sst2", mirror=str(SST2)), SST2)
     assert len(d.train_full) == 67349 and len(d.eval) == 872
     assert set(np.unique(d.eval.labels)) == {0, 1}
+
+
+def test_holdout_carves_whole_sentences_and_every_phrase_of_them(tmp_path):
+    # Treebank layout: each sentence, then phrases of it, as rows of their own.
+    sentences = [f"film {i} is a truly remarkable piece of work" for i in range(40)]
+    rows = []
+    for i, s in enumerate(sentences):
+        w = s.split()
+        rows += [(s, i % 2), (" ".join(w[2:]), i % 2), (" ".join(w[:2]), 1), ("work", 1)]
+    from compress.recipe import HoldoutSpec
+
+    d = Data(spec(folder(tmp_path, rows, rows[:5]), holdout=HoldoutSpec(calibration=6, check=10)), tmp_path)
+    cal, check = d.holdout_calibration, d.holdout_check
+    assert len(cal) == 6 and len(check) == 10
+    assert set(cal.texts) | set(check.texts) <= set(sentences)  # whole sentences only, never a phrase
+    assert not set(cal.texts) & set(check.texts)
+    trained = set(d.train_pool(None).texts)
+    for s in cal.texts + check.texts:
+        w = s.split()
+        assert s not in trained and " ".join(w[:2]) not in trained  # no phrase of a held-out sentence
+    assert "work" not in trained  # a span of a held-out sentence, however common
+    assert d.calibration(4).texts == cal.texts[:4] and len(d.calibration(100)) == 6
+    assert d.describe()["holdout_check"] == 10
+
+
+def test_holdout_changes_the_training_fingerprint_only_when_set(tmp_path):
+    from compress.recipe import HoldoutSpec
+
+    rows = [(f"sentence number {i}", i % 2) for i in range(60)]
+    root = folder(tmp_path, rows, rows[:5])
+    plain = Data(spec(root), tmp_path)
+    assert plain.holdout_check is None
+    held = Data(spec(root, holdout=HoldoutSpec(check=5)), tmp_path)
+    assert held.train_fingerprint != plain.train_fingerprint and len(held.holdout_check) == 5
+    assert len(held.train) == 55
