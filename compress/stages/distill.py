@@ -485,4 +485,5 @@ KIND = StageKind(
     accepts=("hf",),
     produces="hf",
     check_model=check_model,
+    keeps_architecture=lambda cfg: cfg.student is None,  # another student: another architecture
 )

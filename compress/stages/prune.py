@@ -329,4 +329,5 @@ KIND = StageKind(
     accepts=("hf",),
     produces="hf",
     check_model=check_model,
+    keeps_architecture=lambda cfg: True,
 )
