@@ -126,6 +126,8 @@ def build_rows(
         s = r.get("speedup_vs_input")
         if s is not None and s < 1.0:
             r["notes"].append(f"not faster than its input '{r['source']}' at batch 1 ({s:.2f}x)")
+        if r.get("not_smaller"):  # the stage's own word (e.g. distill on ALBERT's shared layers)
+            r["notes"].append(f"not smaller than its input '{r['source']}': {r['not_smaller']}")
         if r.get("effective_device") not in (None, r["device"]):
             r["notes"].append(f"runs on {r['effective_device']} although benchmarked on {r['device']} (fallback)")
     return rows
@@ -203,6 +205,12 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict
             f"on {budget['objective']} ({_fmt(key, selected[key])} vs {_fmt(key, base[key])}): "
             "keeping the baseline is as good a choice here"
         )
+
+    # A compressing stage that says its output is no smaller (shared layers): a deployment
+    # of it is not a size win, and the decision says so beside the pick.
+    if selected is not None and selected.get("not_smaller"):
+        notes.append(f"'{selected['id']}' is deployed, but it is not smaller than its input "
+                     f"'{selected['source']}': {selected['not_smaller']}")
 
     best_failed = None
     if selected is None:

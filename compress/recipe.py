@@ -545,17 +545,29 @@ def _check_graph(recipe: Recipe, where: str) -> None:
                 )
 
     # Stage checks against the input model's config.json (e.g. a supported architecture),
-    # where it is at hand: today, for stages that take the recipe's model.
+    # where it is at hand: for stages that take the recipe's model, and for stages whose input
+    # comes from it through stages that keep the architecture (finetune, distill, prune, ...).
+    # Through such stages only the model type is passed on: sizes (layers) may have changed.
     model_config: dict | None = None
     for i, spec in enumerate(recipe.stages):
         check = get_stage(spec.uses).check_model
-        if check is None or spec.source != MODEL_ID:
+        if check is None:
+            continue
+        ref = spec.source
+        while ref != MODEL_ID:
+            up = recipe.stage(ref)
+            keeps = get_stage(up.uses).keeps_architecture
+            if keeps is None or not keeps(up.config):
+                break
+            ref = up.source
+        if ref != MODEL_ID:
             continue
         if model_config is None:
             from compress.sources import peek_model_config
 
             model_config = peek_model_config(recipe.model, recipe.base_dir) or {}
-        problem = check(spec.config, model_config) if model_config else None
+        seen = model_config if spec.source == MODEL_ID else {"model_type": model_config.get("model_type")}
+        problem = check(spec.config, seen) if model_config else None
         if problem:
             key, _, message = problem.partition(": ")  # "KEY: why" names a config key
             if key in type(spec.config).model_fields:

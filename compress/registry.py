@@ -66,6 +66,11 @@ class StageKind:
     # with the `from` chain, nearest first, as (stage kind name, its config) pairs (the
     # recipe's model ends it as ('model', None)): returns why the order is refused, or None.
     check_input: Callable[[list[tuple[str, StageConfig | None]]], str | None] | None = None
+    # Whether the output has the input's architecture (config.json's model_type) under this
+    # config: validation follows the `from` chain up through such stages to the recipe's
+    # model, so `check_model` refuses an unsupported family before any stage trains. None:
+    # the architecture may change (or is not an `hf` model), and the chain stops there.
+    keeps_architecture: Callable[[StageConfig], bool] | None = None
     # The output has another tokenizer than the input (trim_vocab): the stages downstream
     # of it no longer share token ids with the rest of the recipe.
     new_tokenizer: bool = False

@@ -256,6 +256,8 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
         meta.append({
             "id": a.id, "stage": spec.uses if spec else MODEL_ID, "format": a.format,
             "source": spec.source if spec else None, "fingerprint": a.fingerprint[:16],
+            # A compressing stage's own word that its output is no smaller (distill on ALBERT).
+            "not_smaller": (a.result or {}).get("not_smaller"),
         })
     rows = build_rows(meta, results, data.eval.labels, resolved)
     devices = list(dict.fromkeys(d for (_, d) in results))

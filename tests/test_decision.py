@@ -336,3 +336,22 @@ def test_every_tied_loser_says_what_decided_the_tie():
     reason = rows["mid"]["reasons"][0]
     assert reason.startswith("within budget at $") and "within 25% of the best ($" in reason
     assert reason.endswith("but 'accurate' is more accurate (99.75% vs 99.25%)")
+
+
+def test_a_student_that_is_not_smaller_is_flagged_in_its_row_and_in_the_decision():
+    # distill on ALBERT: shared layers, so the student is faster but has the teacher's weights.
+    res = {"baseline": measurement(LABELS, LABELS, p50=10, throughput=100, size_mb=40),
+           "student": measurement(LABELS, LABELS, p50=5, throughput=200, size_mb=40)}
+    meta = variants("baseline", "student")
+    meta[1]["not_smaller"] = "ALBERT shares one set of layer weights across its passes"
+    rows = {r["id"]: r for r in build_rows(meta, {(k, "cpu"): v for k, v in res.items()}, LABELS, recipe_dict())}
+    [note] = [n for n in rows["student"]["notes"] if n.startswith("not smaller")]
+    assert "'baseline'" in note and "ALBERT shares" in note
+    assert not any(n.startswith("not smaller") for n in rows["baseline"]["notes"])
+    decision = decide(list(rows.values()), recipe_dict(), ["cpu"])
+    assert decision["selected"] == "student"
+    assert any("'student' is deployed, but it is not smaller" in n for n in decision["notes"])
+    # Without the stage's word, no such note: the check above can fail.
+    meta[1]["not_smaller"] = None
+    rows = build_rows(meta, {(k, "cpu"): v for k, v in res.items()}, LABELS, recipe_dict())
+    assert not any("not smaller" in n for n in decide(rows, recipe_dict(), ["cpu"])["notes"])

@@ -63,4 +63,5 @@ KIND = StageKind(
     run=run,
     accepts=("checkpoint", "hf"),
     produces="hf",
+    keeps_architecture=lambda cfg: True,
 )

@@ -362,4 +362,5 @@ KIND = StageKind(
     accepts=("hf",),
     produces="hf",
     new_tokenizer=True,
+    keeps_architecture=lambda cfg: True,
 )
