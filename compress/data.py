@@ -144,20 +144,20 @@ def _frame_to_split(frame, spec: "DataSpec", where: str) -> Split:
     for i, v in enumerate(raw_labels):
         if v is None or (isinstance(v, float) and v != v):
             raise DataError(f"{where}: row {i + 1}: label is missing")
-    # Integers (1, "1") or class names ("positive"): the first row decides which, and a row
-    # of the other kind is an error (a stray 1.5 or `true` is never read as a class).
-    named = not _integer_like(raw_labels[0]) and isinstance(raw_labels[0], str)
-    if named:
+    # Integers (1, "1") or class names ("positive"): a column holds one kind. Any integer
+    # makes it an integer column, so a stray `1.5`, `true` or word is an error naming its row.
+    first_int = next((i for i, v in enumerate(raw_labels) if _integer_like(v)), None)
+    if first_int is None:
         for i, v in enumerate(raw_labels):
-            if not isinstance(v, str) or _integer_like(v) or not v.strip():
-                raise DataError(f"{where}: row {i + 1}: label {v!r} is not a class name like row 1's "
-                                f"({raw_labels[0]!r}); use names or integers throughout")
+            if not isinstance(v, str) or not v.strip():
+                raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer or a class name")
         labels = np.array([v.strip() for v in raw_labels], dtype=object)
         return Split(texts(spec.text), texts(spec.text_pair) if spec.text_pair else None, labels)
     labels = np.empty(len(raw_labels), dtype=np.int64)
     for i, v in enumerate(raw_labels):
         if not _integer_like(v):
-            raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer (row 1's is)")
+            raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer (row {first_int + 1}'s is: a "
+                            f"column holds integers or class names, not both)")
         if not -(2**31) < int(v) < 2**31:  # would overflow int64 (and no head has that many classes)
             raise DataError(f"{where}: row {i + 1}: label {str(v)[:40]} is out of range")
         labels[i] = int(v)

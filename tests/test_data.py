@@ -174,7 +174,7 @@ def test_an_eval_label_never_seen_in_training_is_the_eval_files_error(tmp_path, 
 
 def test_names_and_integers_do_not_mix(tmp_path):
     named(tmp_path, [("a", "positive"), ("b", "1")], [("c", "positive")])
-    with pytest.raises(DataError, match=r"train.csv: row 2: label '1' is not a class name like row 1's"):
+    with pytest.raises(DataError, match=r"train.csv: row 1: label 'positive' is not an integer \(row 2's is"):
         Data(spec(tmp_path), tmp_path)
     named(tmp_path, [("a", "0"), ("b", "1")], [("c", "positive")])
     with pytest.raises(DataError, match=r"dev.csv: row 1: label 'positive' is a class name, but the training split"):
