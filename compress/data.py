@@ -375,11 +375,15 @@ class Data:
         # depend on the training side only; the benchmark on the eval side.
         h = hashlib.sha256()
         self._hash_split(h, self.train_full)
-        h.update(f"{self.spec.seed}/{len(self.train)}/{self.num_labels}/{self.label_names}".encode())
+        h.update(f"{self.spec.seed}/{len(self.train)}/{self.num_labels}".encode())
+        if self.label_names:  # class names go into every variant's config.json (unnamed: as before)
+            h.update(repr(self.label_names).encode())
         self.train_fingerprint = h.hexdigest()
         h = hashlib.sha256()
         self._hash_split(h, self.eval)
-        h.update(f"{self.num_labels}/{self.label_names}".encode())
+        h.update(f"{self.num_labels}".encode())
+        if self.label_names:
+            h.update(repr(self.label_names).encode())
         self.eval_fingerprint = h.hexdigest()
         self.fingerprint = hashlib.sha256((self.train_fingerprint + self.eval_fingerprint).encode()).hexdigest()
 

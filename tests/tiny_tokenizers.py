@@ -35,8 +35,9 @@ def byte_level_bpe(vocab_size: int = 420):
     return _fast(RobertaTokenizerFast, tok)
 
 
-def unigram(cls_name: str = "XLMRobertaTokenizerFast", vocab_size: int = 200):
-    """SentencePiece style: Metaspace (▁) pre-tokenizer and a Unigram model."""
+def unigram(cls_name: str = "XLMRobertaTokenizerFast", vocab_size: int = 200, mask_after: bool = False):
+    """SentencePiece style: Metaspace (▁) pre-tokenizer and a Unigram model. `mask_after`: the
+    mask token is added after the pieces, past the model's vocabulary (as DeBERTa-v3's [MASK])."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -45,7 +46,9 @@ def unigram(cls_name: str = "XLMRobertaTokenizerFast", vocab_size: int = 200):
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     tok.train_from_iterator(corpus(), trainers.UnigramTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, unk_token="<unk>"))
+        vocab_size=vocab_size, special_tokens=SPECIALS[:-1] if mask_after else SPECIALS, unk_token="<unk>"))
+    if mask_after:
+        tok.add_special_tokens(["<mask>"])
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
     return _fast(getattr(transformers, cls_name), tok)
@@ -56,7 +59,7 @@ ARCHS = {
     "roberta": ("RobertaConfig", "RobertaForSequenceClassification", byte_level_bpe),
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaForSequenceClassification", unigram),
     "deberta-v2": ("DebertaV2Config", "DebertaV2ForSequenceClassification",
-                   lambda: unigram("DebertaV2TokenizerFast")),
+                   lambda: unigram("DebertaV2TokenizerFast", mask_after=True)),
     "albert": ("AlbertConfig", "AlbertForSequenceClassification", lambda: unigram("AlbertTokenizerFast")),
 }
 

@@ -158,12 +158,14 @@ def trimmed_tokenizer(tok, keep_ids: list[int]):
         by_id.setdefault(added["id"], added["content"])
     new_id = {by_id[i]: n for n, i in enumerate(keep_ids)}
     if model["type"] == "Unigram":
-        model["vocab"] = [model["vocab"][i] for i in keep_ids]
+        # Added tokens past the model's pieces (DeBERTa-v3's [MASK] is 128000) stay added tokens;
+        # they sort last, so the pieces keep ids 0..n-1.
+        model["vocab"] = [model["vocab"][i] for i in keep_ids if i < len(model["vocab"])]
         if model.get("unk_id") is not None:
             model["unk_id"] = new_id[by_id[model["unk_id"]]]
     else:
         model["vocab"] = new_id
-    if model["type"] == "BPE":  # a merge stays when its parts and its result do (see bpe_closure)
+    if model["type"] == "BPE":  # a merge stays when its parts and its result do (see bpe_keep)
         prefix = model.get("continuing_subword_prefix") or ""
         model["merges"] = [m for m in model["merges"]
                            if all(t in new_id for t in (*_pair(m), _merged(*_pair(m), prefix)))]
