@@ -594,16 +594,23 @@ def _check_graph(recipe: Recipe, where: str) -> None:
         if model_format == "hf" and head_used_as_is(recipe):
             check_head(recipe, model_config, where)
 
-    # Stage checks against the recipe's model's tokenizer.json (e.g. a tokenizer kind that
-    # trim_vocab cannot trim), for stages that get that tokenizer unchanged.
-    tokenizer: dict | None = None
+    if any(get_stage(s.uses).check_tokenizer for s in recipe.stages):
+        tokenizer = peek_tokenizer(recipe.model, recipe.base_dir)
+        if tokenizer:
+            check_tokenizer(recipe, tokenizer, where)
+
+
+def check_tokenizer(recipe: Recipe, tokenizer: dict, where: str) -> None:
+    """Stage checks against the recipe's model's tokenizer.json (as a dict; e.g. a tokenizer
+    kind that trim_vocab cannot trim), for the stages that get that tokenizer unchanged."""
     for i, spec in enumerate(recipe.stages):
         check = get_stage(spec.uses).check_tokenizer
-        if check is None or tokenizer_origin(spec.source) != MODEL_ID:
+        ref = spec.source
+        while ref != MODEL_ID and not get_stage(recipe.stage(ref).uses).new_tokenizer:
+            ref = recipe.stage(ref).source
+        if check is None or ref != MODEL_ID:
             continue
-        if tokenizer is None:
-            tokenizer = peek_tokenizer(recipe.model, recipe.base_dir) or {}
-        problem = check(spec.config, tokenizer) if tokenizer else None
+        problem = check(spec.config, tokenizer)
         if problem:
             key, _, message = problem.partition(": ")
             if key in type(spec.config).model_fields:

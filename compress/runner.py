@@ -166,12 +166,12 @@ def run_recipe(
 
 
 def _check_model_against_recipe(recipe: Recipe, model) -> list[str] | None:
-    """What validation checks when the model's config.json is at hand, for a model only
-    now downloaded: the length settings fit its positions (exit 2 rather than a tensor-size
-    crash mid-run). Returns the id2label names of a head used as it is, for Data to match."""
+    """What validation checks when the model's files are at hand, for a model only now
+    downloaded: the length settings fit its positions (exit 2 rather than a tensor-size
+    crash mid-run), and the stages take its tokenizer. Returns the id2label names of a head used as it is, for Data to match."""
     import json
 
-    from compress.recipe import check_lengths, head_used_as_is
+    from compress.recipe import check_lengths, check_tokenizer, head_used_as_is
     from compress.sources import head_labels
 
     try:
@@ -180,7 +180,14 @@ def _check_model_against_recipe(recipe: Recipe, model) -> list[str] | None:
         return None  # check_model_folder names the problem before a stage loads it
     if not isinstance(config, dict):
         return None
-    check_lengths(recipe, config, str(recipe.path) if recipe.path else "<recipe>")
+    where = str(recipe.path) if recipe.path else "<recipe>"
+    check_lengths(recipe, config, where)
+    try:  # a tokenizer kind a stage cannot take (trim_vocab): said before the baseline trains
+        tokenizer = json.loads((model.path / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        tokenizer = None
+    if isinstance(tokenizer, dict) and isinstance(tokenizer.get("model"), dict):
+        check_tokenizer(recipe, tokenizer, where)
     return head_labels(config) if model.format == "hf" and head_used_as_is(recipe) else None
 
 

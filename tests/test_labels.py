@@ -32,6 +32,7 @@ def test_named_labels_reach_every_variant_and_a_pipeline_answers_names(tiny_chec
     raw["budget"]["max_accuracy_drop"] = 100.0
     report = run_recipe(validate_recipe(raw), tmp_path, log=lambda m: None, threads=1)
     run = tmp_path / "tiny"
+    assert all(r["ok"] for r in report["rows"]), [r.get("error") for r in report["rows"]]  # they load as stamped
     for vid in ("baseline", "int8", "onnx"):
         config = json.loads((run / vid / "config.json").read_text())
         assert config["id2label"] == {"0": "negative", "1": "positive"}, vid
@@ -109,3 +110,29 @@ def test_a_length_beyond_the_positions_found_at_run_time_exits_2(cli, write_reci
     assert not (tmp_path / "art" / "tiny" / "baseline").exists()
     monkeypatch.setattr(compress.sources, "peek_model_format", real)
     assert cli("validate", path)[0] == 2  # at hand: validation says it first
+
+
+def test_a_tokenizer_trim_vocab_cannot_take_is_refused_before_the_baseline_trains(cli, write_recipe, tiny_checkpoint,
+                                                                                  tiny_data, tmp_path, monkeypatch):
+    """Where validation cannot read the model's tokenizer.json (a hub model not yet
+    downloaded), the run reads it before any stage, not after the baseline has trained."""
+    import shutil
+
+    import compress.sources
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model = tmp_path / "wordlevel"
+    shutil.copytree(tiny_checkpoint, model)
+    vocab = json.loads((tiny_checkpoint / "tokenizer.json").read_text())["model"]["vocab"]
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(model / "tokenizer.json"))
+    raw = tiny_recipe(model, tiny_data)
+    raw["stages"][1] = {"id": "trimmed", "uses": "trim_vocab", "from": "baseline"}
+    path = write_recipe(raw)
+    monkeypatch.setattr(compress.sources, "peek_tokenizer", lambda *a: None)  # "not at hand"
+    assert cli("validate", path)[0] == 0
+    code, _, err = cli("run", path, "--artifacts", tmp_path / "art")
+    assert code == 2 and "stages[1].uses: trim_vocab trims WordPiece, BPE, Unigram tokenizers, not this model's " \
+                          "(WordLevel)" in err
+    assert not (tmp_path / "art" / "tiny" / "baseline").exists()
