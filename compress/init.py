@@ -139,10 +139,17 @@ def build(model: str, dataset: str, text: str, label: str, output: Path, mach: d
     name = re.sub(r"[^A-Za-z0-9_-]", "_", name).strip("_-")[:64] or "compress"
 
     stages: list[tuple[dict, str]] = []  # (stage, comment)
-    needs_finetune = fmt != "hf"
+    head = None
+    if fmt == "hf":
+        from compress.sources import head_labels, peek_model_config
+
+        head = head_labels(peek_model_config(ModelSpec(source=model), Path.cwd()) or {})
+    # A classifier is its own baseline only when its head has the data's classes.
+    needs_finetune = fmt != "hf" or len(head or ()) != data.num_labels
     base = "baseline" if needs_finetune else "model"
     if needs_finetune:
         why = ("the model has no classification head" if fmt == "checkpoint"
+               else f"the model's classification head has {len(head)} labels, the data {data.num_labels}" if head
                else "the model is not at hand to check: fine-tuning works on a checkpoint or a classifier")
         stages.append(({"id": "baseline", "uses": "finetune", "with": {
             "epochs": size["epochs"], "lr": 1.0e-4, "batch_size": 32, "max_length": max_length}},

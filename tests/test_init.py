@@ -111,3 +111,16 @@ def test_init_learns_text_pairs(tiny_checkpoint, tmp_path, cli, monkeypatch):
     assert load_recipe(out).data.text_pair == "passage"
     code, _, err = cli("init", "--model", tiny_checkpoint, "--dataset", other, "--output", tmp_path / "x.yaml")
     assert code == 2 and "missing column 'sentence'" in err and "--text-pair" in err
+
+
+def test_a_classifier_with_another_label_count_gets_a_finetune_stage(tiny_classifier, tmp_path):
+    data = tmp_path / "three"
+    data.mkdir()
+    for name in ("train", "dev"):
+        (data / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(
+            f"sentence {i}\t{('bad', 'so-so', 'good')[i % 3]}\n" for i in range(30)))
+    text = init_mod.build(str(tiny_classifier), str(data), "sentence", "label", tmp_path / "r.yaml",
+                          mach={"cores": 2, "gpu": False})
+    raw = yaml.safe_load(text)
+    assert raw["stages"][0]["uses"] == "finetune" and raw["budget"]["baseline"] == "baseline"
+    assert "head has 2 labels, the data 3" in text
