@@ -67,7 +67,8 @@ class Config(DistillSettings):
     keep_characters: bool = Field(
         False,
         description="Also keep every single-character token (and its `##` form), so that unseen words "
-        "split into characters instead of becoming [UNK] (about 2000 more rows for BERT vocabularies).",
+        "split into characters instead of becoming [UNK] (about 2000 more rows for BERT vocabularies). "
+        "WordPiece only: BPE and Unigram vocabularies always keep their bytes and characters.",
     )
     keep_top: NonNegativeInt = Field(
         0,
