@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +37,8 @@ class Split:
 
     texts: list[str]
     pairs: list[str] | None
-    labels: np.ndarray
+    labels: np.ndarray  # int64 ids; object (str) while still class names, before Data maps them
+    names: list[str] | None = None  # class names the source declares (a hub ClassLabel column)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -106,10 +108,13 @@ def _local_root(spec: "DataSpec", base_dir: Path) -> Path | None:
         if mirror.is_dir():
             return mirror.resolve()
     leaf = spec.dataset.rstrip("/").split("/")[-1]
+    # With a configuration (glue + mnli): `glue/mnli` or `mnli`, never the whole `glue` folder.
+    names = [f"{leaf}/{spec.config}", spec.config] if spec.config else [leaf]
     for root in filter(None, os.environ.get("COMPRESS_DATA_DIR", "").split(os.pathsep)):
-        candidate = expand_user(root) / leaf
-        if candidate.is_dir():
-            return candidate.resolve()
+        for name in names:
+            candidate = expand_user(root) / name
+            if candidate.is_dir():
+                return candidate.resolve()
     if spec.dataset.startswith((".", "/", "~")):
         raise DataError(f"data.dataset: no such file or folder '{direct}'")
     return None
@@ -139,14 +144,41 @@ def _frame_to_split(frame, spec: "DataSpec", where: str) -> Split:
     for i, v in enumerate(raw_labels):
         if v is None or (isinstance(v, float) and v != v):
             raise DataError(f"{where}: row {i + 1}: label is missing")
+    # Integers (1, "1") or class names ("positive"): a column holds one kind. Any integer
+    # makes it an integer column, so a stray `1.5`, `true` or word is an error naming its row.
+    first_int = next((i for i, v in enumerate(raw_labels) if _integer_like(v)), None)
+    if first_int is None:
+        for i, v in enumerate(raw_labels):
+            if not isinstance(v, str) or not v.strip():
+                raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer or a class name")
+        labels = np.array([v.strip() for v in raw_labels], dtype=object)
+        return Split(texts(spec.text), texts(spec.text_pair) if spec.text_pair else None, labels)
     labels = np.empty(len(raw_labels), dtype=np.int64)
     for i, v in enumerate(raw_labels):
-        if isinstance(v, bool) or not (isinstance(v, (int, np.integer)) or (isinstance(v, str) and v.strip().lstrip("-").isdigit())):
-            raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer")
+        if not _integer_like(v):
+            raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer (row {first_int + 1}'s is: a "
+                            f"column holds integers or class names, not both)")
         if not -(2**31) < int(v) < 2**31:  # would overflow int64 (and no head has that many classes)
             raise DataError(f"{where}: row {i + 1}: label {str(v)[:40]} is out of range")
         labels[i] = int(v)
     return Split(texts(spec.text), texts(spec.text_pair) if spec.text_pair else None, labels)
+
+
+def _index(names: list[str]) -> dict[str, int]:
+    """name -> id, matching exactly or else case-blind (NEGATIVE in a model's id2label is
+    `negative` in the data)."""
+    index = {str(n): i for i, n in enumerate(names)}
+    lower: dict[str, int] = {}
+    for i, n in enumerate(names):
+        lower.setdefault(str(n).lower(), i)
+    if len(lower) == len(names):
+        index.update({k: v for k, v in lower.items() if k not in index})
+    return index
+
+
+def _integer_like(v) -> bool:
+    return not isinstance(v, bool) and (
+        isinstance(v, (int, np.integer)) or (isinstance(v, str) and v.strip().lstrip("-").isdigit()))
 
 
 def _load_split(spec: "DataSpec", root: Path | None, split: str) -> tuple[Split, str]:
@@ -164,20 +196,46 @@ def _load_split(spec: "DataSpec", root: Path | None, split: str) -> tuple[Split,
     try:
         import datasets
 
-        ds = datasets.load_dataset(spec.dataset, split=split)
+        # A dataset with several configurations (glue: mnli, qqp, ...) needs data.config.
+        ds = datasets.load_dataset(spec.dataset, spec.config, split=split, revision=spec.revision)
     except Exception as exc:
         raise DataError(
-            f"data.dataset: cannot load '{spec.dataset}' split '{split}' from the hub "
-            f"({exc.__class__.__name__}); offline, set data.mirror or COMPRESS_DATA_DIR to a local copy"
-        )
-    return _frame_to_split(ds.to_pandas(), spec, f"{spec.dataset}[{split}]"), f"hub:{spec.dataset}"
+            f"data.dataset: cannot load '{spec.dataset}'{f' config {spec.config!r}' if spec.config else ''} "
+            f"split '{split}' from the hub ({exc.__class__.__name__}: {_first_line(exc)}); offline, set "
+            f"data.mirror or COMPRESS_DATA_DIR to a local copy"
+        ) from exc
+    name = spec.dataset + (f"/{spec.config}" if spec.config else "") + (f"@{spec.revision}" if spec.revision else "")
+    out = _frame_to_split(ds.to_pandas(), spec, f"{name}[{split}]")
+    # A ClassLabel column: integers whose names the dataset declares (glue/mnli: entailment, ...).
+    names = getattr(getattr(ds, "features", {}).get(spec.label), "names", None)
+    out.names = [str(n) for n in names] if names else None
+    return out, f"hub:{name}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else exc.__class__.__name__)[:160]
+
+
+def unk_share(tokenizer, split: Split) -> tuple[float | None, int]:
+    """(share of the split's tokens that are the tokenizer's unknown token, token count);
+    the share is None when the tokenizer has no unknown token (byte-level BPE reads anything)."""
+    ids = tokenizer(split.texts, split.pairs, add_special_tokens=False)["input_ids"]
+    total = sum(len(x) for x in ids)
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return None, total
+    return sum(x.count(unk) for x in ids) / max(total, 1), total
 
 
 class Data:
     """The recipe's data: the training subset, the eval split, and a calibration slice
     of training examples that were not trained on (never the eval split)."""
 
-    def __init__(self, spec: "DataSpec", base_dir: Path):
+    def __init__(self, spec: "DataSpec", base_dir: Path, head: list[str] | None = None):
+        """`head`: the id2label names, in id order, of a classifier whose head is used as it is
+        (`budget.baseline: model`): its label count must be the data's, and its own names
+        give the ids (LABEL_0, ... name nothing)."""
         self.spec = spec
         root = _local_root(spec, base_dir)
         self.train_full, train_src = _load_split(spec, root, spec.train_split)
@@ -186,32 +244,7 @@ class Data:
         if spec.max_eval_examples:
             self.eval = self.eval.select(range(min(spec.max_eval_examples, len(self.eval))))
 
-        all_labels = np.concatenate([self.train_full.labels, self.eval.labels])
-        self.num_labels = spec.num_labels or int(all_labels.max()) + 1
-        for name, split in (("train", self.train_full), ("eval", self.eval)):
-            bad = np.flatnonzero((split.labels < 0) | (split.labels >= self.num_labels))
-            if bad.size:
-                raise DataError(
-                    f"{self.sources[name]}: row {bad[0] + 1}: label {split.labels[bad[0]]} is out of "
-                    f"range 0..{self.num_labels - 1}"
-                )
-        if self.num_labels < 2:
-            raise DataError(f"{self.sources['train']}: only one class in the labels; a classifier needs two or more")
-        if not spec.num_labels:
-            # Inferred as max + 1: a stray large label would silently make a huge head.
-            present = set(np.unique(self.train_full.labels).tolist())
-            if len(present) < self.num_labels:
-                absent = []  # the first few; at most len(present) + 6 steps, whatever the labels
-                for c in range(self.num_labels):
-                    if c not in present:
-                        absent.append(c)
-                        if len(absent) > 5:
-                            break
-                shown = ", ".join(map(str, absent[:5])) + (", ..." if len(absent) > 5 else "")
-                raise DataError(
-                    f"{self.sources['train']}: labels should be 0..{self.num_labels - 1}, but class {shown} never "
-                    f"appears in the training split; fix the labels or set data.num_labels"
-                )
+        self._map_labels(head)
 
         # A fixed permutation of the training split: its head is the training subset,
         # its tail the calibration pool, so the two never overlap when data allows.
@@ -228,6 +261,93 @@ class Data:
         self._order = order
         self.train = self.train_full.select(order[:n])
         self._fingerprints()
+
+    def _map_labels(self, head: list[str] | None) -> None:
+        """Sets num_labels, label_names (None: unnamed integers) and int64 ids in both splits.
+        Class names become ids in sorted order, or in the order data.label_names (or the
+        head) gives; a label that only the eval split has is the eval file's error."""
+        spec, src, train, ev = self.spec, self.sources, self.train_full, self.eval
+        named = train.labels.dtype == object
+        if (ev.labels.dtype == object) != named:
+            raise DataError(
+                f"{src['eval']}: row 1: label {ev.labels[0]!r} is {'a class name' if not named else 'an integer'}, but "
+                f"the training split ({src['train']}) has {'class names' if named else 'integers'}; use one kind in both"
+            )
+        names = list(spec.label_names) if spec.label_names else None
+        if named and names is None:
+            names = sorted(set(train.labels.tolist()))
+        elif not named and names is None:
+            names = train.names
+        if names:
+            num_labels = len(names)
+        elif spec.num_labels:
+            num_labels = spec.num_labels
+        else:
+            num_labels = int(train.labels.max()) + 1 if len(train) else 0
+        if spec.num_labels and spec.num_labels != num_labels:
+            raise DataError(f"{src['train']}: data.num_labels is {spec.num_labels}, but the labels name {num_labels} "
+                            f"classes ({', '.join(names[:6])}); fix data.num_labels or data.label_names")
+
+        if head is not None:
+            if len(head) != num_labels:
+                raise DataError(
+                    f"{src['train']}: the data has {num_labels} classes but the model's classification head has "
+                    f"{len(head)} ({', '.join(head[:6])}); add a finetune stage (it fits a new head) and take the "
+                    f"baseline from it, or fix data.num_labels / data.label_names"
+                )
+            if not all(re.fullmatch(r"LABEL_\d+", n) for n in head):  # the head names its classes
+                if spec.label_names and [n.lower() for n in spec.label_names] != [n.lower() for n in head]:
+                    raise DataError(f"data.label_names ({', '.join(spec.label_names)}) differ from the model's own "
+                                    f"id2label ({', '.join(head)}); remove data.label_names or fine-tune a new head")
+                names = list(head)
+
+        if named:
+            index = _index(names)
+            given = "data.label_names" if spec.label_names else "the model's id2label" if head is not None and names == list(head) else None
+            for part, split in (("train", train), ("eval", ev)):
+                ids = np.empty(len(split), dtype=np.int64)
+                for i, v in enumerate(split.labels):
+                    j = index.get(v, index.get(v.lower()))
+                    if j is None:
+                        why = (f"is not one of {given} ({', '.join(names[:10])})" if given else
+                               f"never appears in the training split ({src['train']})")
+                        raise DataError(f"{src[part]}: row {i + 1}: label {v!r} {why}; fix the label or the names")
+                    ids[i] = j
+                split.labels = ids
+        else:
+            for part, split in (("train", train), ("eval", ev)):
+                bad = np.flatnonzero((split.labels < 0) | (split.labels >= num_labels))
+                if bad.size:
+                    v = split.labels[bad[0]]
+                    inferred = not (names or spec.num_labels)
+                    why = (f"never appears in the training split ({src['train']}: 0..{num_labels - 1})"
+                           if inferred and part == "eval" and v >= 0 else f"is out of range 0..{num_labels - 1}")
+                    raise DataError(f"{src[part]}: row {bad[0] + 1}: label {v} {why}"
+                                    + ("; fix the label or set data.num_labels" if inferred and part == "eval" else ""))
+        if num_labels < 2:
+            raise DataError(f"{src['train']}: only one class in the labels; a classifier needs two or more")
+        if not named and not (names or spec.num_labels):
+            # Inferred as max + 1: a stray large label would silently make a huge head.
+            present = set(np.unique(train.labels).tolist())
+            if len(present) < num_labels:
+                absent = []  # the first few; at most len(present) + 6 steps, whatever the labels
+                for c in range(num_labels):
+                    if c not in present:
+                        absent.append(c)
+                        if len(absent) > 5:
+                            break
+                shown = ", ".join(map(str, absent[:5])) + (", ..." if len(absent) > 5 else "")
+                raise DataError(
+                    f"{src['train']}: labels should be 0..{num_labels - 1}, but class {shown} never "
+                    f"appears in the training split; fix the labels or set data.num_labels"
+                )
+        self.num_labels = num_labels
+        self.label_names: list[str] | None = [str(n) for n in names] if names else None
+
+    @property
+    def id2label(self) -> dict[int, str] | None:
+        """{id: class name} for the models' config.json, or None when the classes are unnamed."""
+        return dict(enumerate(self.label_names)) if self.label_names else None
 
     # Examples right after the training subset in the fixed order, kept for calibration
     # (quantization ranges, parity checks, cascade thresholds): `train_pool` never trains on
@@ -275,10 +395,14 @@ class Data:
         hold = self.spec.holdout
         if hold.calibration or hold.check:  # absent otherwise: fingerprints of older runs stay valid
             h.update(f"/holdout {hold.calibration} {hold.check}".encode())
+        if self.label_names:  # class names go into every variant's config.json (unnamed: as before)
+            h.update(repr(self.label_names).encode())
         self.train_fingerprint = h.hexdigest()
         h = hashlib.sha256()
         self._hash_split(h, self.eval)
         h.update(f"{self.num_labels}".encode())
+        if self.label_names:
+            h.update(repr(self.label_names).encode())
         self.eval_fingerprint = h.hexdigest()
         self.fingerprint = hashlib.sha256((self.train_fingerprint + self.eval_fingerprint).encode()).hexdigest()
 
@@ -294,6 +418,10 @@ class Data:
             "train_split_examples": len(self.train_full),
             "eval_examples": len(self.eval),
             "num_labels": self.num_labels,
+            "label_names": self.label_names,
+            "config": self.spec.config,
+            "revision": self.spec.revision,
+            "eval_unk_share": getattr(self, "eval_unk_share", None),
             "seed": self.spec.seed,
             "fingerprint": self.fingerprint,
             "train_fingerprint": self.train_fingerprint,

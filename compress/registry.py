@@ -71,6 +71,12 @@ class StageKind:
     # model, so `check_model` refuses an unsupported family before any stage trains. None:
     # the architecture may change (or is not an `hf` model), and the chain stops there.
     keeps_architecture: Callable[[StageConfig], bool] | None = None
+    # Optional validation against the tokenizer.json (as a dict) of the tokenizer the stage
+    # gets, when that is the recipe's model's and at hand: returns a problem ("key: why") or None.
+    check_tokenizer: Callable[[StageConfig, dict], str | None] | None = None
+    # The stage fits a new classification head for the data (finetune): a classifier given
+    # to it need not have the data's label count.
+    new_head: bool = False
     # The output has another tokenizer than the input (trim_vocab): the stages downstream
     # of it no longer share token ids with the rest of the recipe.
     new_tokenizer: bool = False

@@ -78,6 +78,7 @@ def run_recipe(
 
     from compress.data import Data
     from compress.distributed import Processes
+    from compress.formats import write_labels
     from compress.sources import check_model_folder, resolve_model
 
     _quiet_libraries()
@@ -93,7 +94,9 @@ def run_recipe(
             store.sweep()  # temporary folders of an interrupted run are never trusted
         model = resolve_model(recipe.model, recipe.base_dir)
         log(f"model: {recipe.model.source} ({model.format}, {model.origin})")
-        data = Data(recipe.data, recipe.base_dir)
+        head = _check_model_against_recipe(recipe, model)
+        data = Data(recipe.data, recipe.base_dir, head=head)
+        data_notes = [_unk_note(recipe, model.path, data)]
         log(f"data: {len(data.train)} training / {len(data.eval)} eval examples, {data.num_labels} labels "
             f"({data.sources['eval']})")
         artifacts: dict[str, Artifact] = {MODEL_ID: Artifact(MODEL_ID, model.path, model.format, model.fingerprint)}
@@ -137,6 +140,8 @@ def run_recipe(
                     raise StageError(f"{sid}: stage {kind.name} returned {type(result).__name__}, not its result type")
                 _test_pause(sid)
                 if procs.is_main:
+                    if data.id2label:  # every variant's config.json names the classes (pipelines answer names)
+                        write_labels(tmp, data.id2label)
                     payload = result.model_dump(mode="json")
                     payload["seconds"] = round(seconds, 2)
                     (tmp / RESULT).write_text(_json(payload))
@@ -155,8 +160,57 @@ def run_recipe(
         procs.close()  # no collective call after the stages: the benchmark is the main process's
         if not procs.is_main:
             return None
-        report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads)
+        report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
+                                       data_notes)
     return report
+
+
+def _check_model_against_recipe(recipe: Recipe, model) -> list[str] | None:
+    """What validation checks when the model's files are at hand, for a model only now
+    downloaded: the length settings fit its positions (exit 2 rather than a tensor-size
+    crash mid-run), and the stages take its tokenizer. Returns the id2label names of a head used as it is, for Data to match."""
+    import json
+
+    from compress.recipe import check_lengths, check_tokenizer, head_used_as_is
+    from compress.sources import head_labels
+
+    try:
+        config = json.loads((model.path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # check_model_folder names the problem before a stage loads it
+    if not isinstance(config, dict):
+        return None
+    where = str(recipe.path) if recipe.path else "<recipe>"
+    check_lengths(recipe, config, where)
+    try:  # a tokenizer kind a stage cannot take (trim_vocab): said before the baseline trains
+        tokenizer = json.loads((model.path / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        tokenizer = None
+    if isinstance(tokenizer, dict) and isinstance(tokenizer.get("model"), dict):
+        check_tokenizer(recipe, tokenizer, where)
+    return head_labels(config) if model.format == "hf" and head_used_as_is(recipe) else None
+
+
+def _unk_note(recipe: Recipe, model_path: Path, data) -> str:
+    """The share of the eval split's tokens that the model's tokenizer cannot read: text
+    every variant is blind to, whatever the compression (a wrong encoding, an alphabet the
+    vocabulary lacks)."""
+    from compress.data import unk_share
+
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=recipe.model.trust_remote_code)
+        share, total = unk_share(tok, data.eval)
+    except Exception as exc:  # a broken folder is named by check_model_folder, not here
+        return f"data: the share of unknown tokens in the eval split was not measured ({exc.__class__.__name__})"
+    data.eval_unk_share = share
+    if share is None:
+        return f"data: the model's tokenizer has no unknown token; no eval text is unreadable to it ({total} tokens)"
+    note = f"data: {share:.2%} of the eval split's {total} tokens are {tok.unk_token} under the model's tokenizer"
+    if share > 0.01:
+        note += "; every variant is blind to that text: check the file's encoding, or use a model whose vocabulary covers it"
+    return note
 
 
 def _quiet_libraries() -> None:
@@ -227,7 +281,8 @@ def _json(obj) -> str:
     return json.dumps(obj, indent=1, default=str)
 
 
-def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads) -> dict:
+def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
+                          data_notes=()) -> dict:
     from compress import manifest
     from compress.benchmark import METHOD, run_benchmarks
     from compress.decision import build_rows, decide
@@ -275,7 +330,7 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
             sid: {**info, "result": {k: v for k, v in artifacts[sid].result.items() if k != "format"}}
             for sid, info in stages_info.items()
         },
-        "notes": bench_notes + (["trust_remote_code is on: model code from the hub was allowed to run"]
+        "notes": list(data_notes) + bench_notes + (["trust_remote_code is on: model code from the hub was allowed to run"]
                                 if recipe.model.trust_remote_code else []),
         "manifest": {
             "recipe_file": str(recipe.path) if recipe.path else None,

@@ -100,7 +100,7 @@ def build_model(model_type: str, folder: Path) -> Path:
         sizes["embedding_size"] = 32
     if model_type == "modernbert":
         ids.update(cls_token_id=tok.cls_token_id, sep_token_id=tok.sep_token_id)
-    config = AutoConfig.for_model(model_type, vocab_size=len(tok), max_position_embeddings=64, num_labels=2,
+    config = AutoConfig.for_model(model_type, vocab_size=len(tok), max_position_embeddings=130, num_labels=2,
                                   **sizes, **ids)
     torch.manual_seed(0)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)

@@ -75,3 +75,28 @@ def load_predictor(fmt: str, path: Path, device: str, threads: int, options: dic
         raise ValueError(f"format '{fmt}' cannot be benchmarked; known: {', '.join(sorted(LOADERS))}")
     module, func = LOADERS[fmt].split(":")
     return getattr(importlib.import_module(module), func)(path, device, threads, options or {})
+
+
+def write_labels(folder: Path, id2label: dict[int, str]) -> bool:
+    """Records the class names (id2label / label2id) in a variant folder's config.json, so
+    that transformers pipelines and Optimum answer `positive` rather than LABEL_1. Leaves a
+    folder without config.json, or whose head has another label count, as it is; returns
+    whether it wrote."""
+    import json
+
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    old = config.get("id2label")
+    if isinstance(old, dict) and len(old) != len(id2label):
+        return False
+    config["id2label"] = {str(i): name for i, name in id2label.items()}
+    config["label2id"] = {name: i for i, name in id2label.items()}
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return True

@@ -32,11 +32,14 @@ def run(ctx) -> Result:
     torch.set_num_threads(ctx.threads)
     set_seed(cfg.seed)  # the new head's initialisation depends on it
     tokenizer = AutoTokenizer.from_pretrained(ctx.input.path)
+    id2label = ctx.data.id2label  # class names, when the data has them: saved in config.json
+    names = {"id2label": id2label, "label2id": {n: i for i, n in id2label.items()}} if id2label else {}
     model = AutoModelForSequenceClassification.from_pretrained(
         ctx.input.path,
         num_labels=ctx.num_labels,
         ignore_mismatched_sizes=True,  # a classifier with another label count gets a new head
         trust_remote_code=ctx.recipe.model.trust_remote_code,
+        **names,
     )
     data = encode(tokenizer, ctx.data.train, cfg.max_length)
     stats = train(ctx, model, tokenizer, data, cfg, description=f"{ctx.stage_id}: fine-tune")
@@ -64,4 +67,5 @@ KIND = StageKind(
     accepts=("checkpoint", "hf"),
     produces="hf",
     keeps_architecture=lambda cfg: True,
+    new_head=True,
 )
