@@ -46,7 +46,7 @@ def percentiles(ms: list[float]) -> dict:
 def _load(spec: dict):
     from compress.formats import load_predictor
 
-    if spec["format"] != "onnx":
+    if spec["format"] not in ("onnx", "openvino"):  # those set their own thread count
         import torch
 
         torch.set_num_threads(int(spec["threads"]))

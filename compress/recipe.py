@@ -20,12 +20,13 @@ from compress.registry import Format, StageConfig, get_stage, registry
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 MODEL_ID = "model"  # the recipe's model, usable as `from: model` and `budget.baseline: model`
 RESERVED_IDS = {MODEL_ID, "bench", "reports"}
-BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "bnb_4bit", "cascade")
+BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade")
 # Why a format cannot go further down a chain, added to "takes X, but Y gives Z" errors.
 FORMAT_HINTS: dict[str, str] = {
     "bnb_4bit": "a bitsandbytes 4-bit model is an end point: its packed 4-bit weights have no ONNX "
     "export and quantizing them again only adds error; take the stage it was loaded from instead",
     "onnx": "an ONNX graph does not go back to torch: put torch stages before export_onnx",
+    "openvino": "an OpenVINO model goes back neither to torch nor to ONNX: put those stages before export_openvino",
 }
 
 

@@ -54,10 +54,10 @@ class Result(StageResult):
 def run(ctx) -> Result:
     import collections
     import logging
-    import shutil
 
     from optimum.onnxruntime import AutoOptimizationConfig, ORTOptimizer
 
+    from compress.artifacts import copy_side_files
     from compress.errors import StageError
     from compress.formats import onnx as onnx_fmt
 
@@ -80,7 +80,7 @@ def run(ctx) -> Result:
     finally:
         for lg, lv in zip(loggers, levels):
             lg.setLevel(lv)
-    _copy_side_files(ctx.input.path, ctx.out, shutil)
+    copy_side_files(ctx.input.path, ctx.out)
 
     import onnx
 
@@ -98,14 +98,6 @@ def run(ctx) -> Result:
         )
     notes = [] if fused or cfg.level == "O1" else ["no transformer pattern was fused"]
     return Result(format="onnx", level=cfg.level, operators=dict(sorted(ops.items())), parity=parity, notes=notes)
-
-
-def _copy_side_files(src, dst, shutil) -> None:
-    """Tokenizer and config travel with the graph (the ONNX tools write only their own files)."""
-    for f in src.iterdir():
-        if f.is_file() and not f.name.endswith(".onnx") and f.name not in ("result.json", "_complete.json", "ort_config.json") \
-                and not (dst / f.name).exists():
-            shutil.copy2(f, dst / f.name)
 
 
 KIND = StageKind(
