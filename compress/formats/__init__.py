@@ -32,7 +32,7 @@ CPU_ONLY = {
 # The runtime that runs each format, named in every report row (the format alone does not
 # say it: `hf` runs with torch, `onnx` with onnxruntime).
 RUNTIMES = {
-    "hf": "torch", "torch_int8": "torch", "bnb_4bit": "torch (bitsandbytes)",
+    "hf": "torch", "torch_int8": "torch", "bnb_4bit": "torch+bitsandbytes",
     "onnx": "onnxruntime", "openvino": "openvino", "cascade": "cascade",
 }
 

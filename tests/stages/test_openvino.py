@@ -145,3 +145,27 @@ def test_quantize_weights_only(ov_dir, tiny_classifier, tiny_data, tmp_path, mod
 
     fp32, small = (load_predictor("openvino", d, "cpu", 1).num_params() for d in (ov_dir, tmp_path / mode))
     assert small == fp32
+
+
+def test_benchmark_worker_measures_an_openvino_variant(ov_dir, tiny_classifier, tmp_path):
+    # The benchmark's loader path: the worker measures an OpenVINO folder as it measures the
+    # others (same inputs, batch 1 and a larger batch), and a later round pairs it with a
+    # torch baseline in one process.
+    from compress import bench_worker
+
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"text": f"a {'fine ' * (i % 4)}film {i}", "label": i % 2}) + "\n"
+                                 for i in range(10)))
+    spec = {"format": "openvino", "path": str(ov_dir), "device": "cpu", "threads": 1, "batch_sizes": [1, 4],
+            "max_length": 32, "warmup": 1, "max_latency_examples": 6, "eval_file": str(eval_file)}
+    result = bench_worker.measure(spec)
+    assert result["ok"] and len(result["predictions"]) == 10 and result["latency_ms"]["n"] == 6
+    assert {b["batch_size"] for b in result["batches"]} == {1, 4}
+    assert any("LATENCY hint, 1 threads" in n for n in result["notes"])
+    assert result["params"] > 0 and result["size_bytes"] > 0
+    # The same labels as the ONNX graph it came from, sentence by sentence.
+    onnx = bench_worker.measure({**spec, "format": "onnx", "path": str(ov_dir.parent / "onnx")})
+    assert result["predictions"] == onnx["predictions"]
+    paired = bench_worker.measure_paired({**spec, "latency_only": True,
+                                          "pair": {"format": "hf", "path": str(tiny_classifier), "options": {}}})
+    assert paired["ok"] and len(paired["sentence_ms"]) == len(paired["pair_sentence_ms"]) == 6
