@@ -136,7 +136,7 @@ class BenchmarkSpec(Strict):
         "(added when missing).",
     )
     max_length: PositiveInt = Field(128, description="Tokenizer truncation length at inference.")
-    warmup: int = Field(10, ge=0, description="Untimed batches before each timed pass.")
+    warmup: int = Field(10, ge=0, description="Untimed batches before each timed pass (besides one batch of every other input shape in it).")
     max_latency_examples: PositiveInt | None = Field(
         300,
         description="Eval sentences timed one by one for the batch-1 latency percentiles "

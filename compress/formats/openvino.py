@@ -122,6 +122,7 @@ class OpenVinoPredictor(Predictor):
             f"OpenVINO {ov.get_version().split('-')[0]} CPU plugin: {config['PERFORMANCE_HINT']} hint, "
             f"{self.compiled.get_property('INFERENCE_NUM_THREADS')} threads, {streams} stream(s), "
             f"{precision} inference precision"
+            + (", threads pinned to cores" if self.compiled.get_property("ENABLE_CPU_PINNING") else "")
         )
         self.effective_device = device
         if device != "cpu":  # the benchmark sends OpenVINO to the CPU only (formats.CPU_ONLY)
