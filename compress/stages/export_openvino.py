@@ -10,7 +10,9 @@ Like export_onnx, the stage runs the result and its source on real eval sentence
 fails when they disagree beyond the configured limits (the source is onnxruntime for an
 ONNX input, torch for a transformers one).
 
-An INT8 ONNX graph (quantize_onnx upstream) is refused at validation: OpenVINO would run
+A graph fused by optimize_onnx converts too (OpenVINO reads onnxruntime's Attention,
+SkipLayerNormalization and BiasGelu); the plain export is the simpler source. An INT8 ONNX
+graph (quantize_onnx upstream) is refused at validation: OpenVINO would run
 onnxruntime's quantization as it is, and INT8 for OpenVINO is quantize_openvino's job.
 """
 

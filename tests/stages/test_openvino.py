@@ -169,3 +169,14 @@ def test_benchmark_worker_measures_an_openvino_variant(ov_dir, tiny_classifier, 
     paired = bench_worker.measure_paired({**spec, "latency_only": True,
                                           "pair": {"format": "hf", "path": str(tiny_classifier), "options": {}}})
     assert paired["ok"] and len(paired["sentence_ms"]) == len(paired["pair_sentence_ms"]) == 6
+
+
+def test_export_from_a_fused_onnx_graph(onnx_dir, tiny_classifier, tiny_data, tmp_path):
+    # onnxruntime's fused operators (Attention, SkipLayerNormalization, BiasGelu) are read too.
+    fused = tmp_path / "o2"
+    opt = run_kind("optimize_onnx", {"level": "O2", "parity_examples": 8}, onnx_dir, "onnx", tiny_data, fused,
+                   model=tiny_classifier)
+    assert opt.operators.get("Attention", 0) == 2
+    result = run_kind("export_openvino", {"parity_examples": 16}, fused, "onnx", tiny_data, tmp_path / "ov",
+                      model=tiny_classifier)
+    assert result.source == "onnx" and result.parity["max_abs_diff"] < 1e-3
