@@ -24,6 +24,16 @@ MARKER = "_complete.json"
 RESULT = "result.json"
 
 
+def copy_side_files(src: Path, dst: Path) -> None:
+    """Copies the tokenizer and config of the model in `src` beside a converted or quantized
+    model written to `dst` (the ONNX and OpenVINO tools write only their own files): every
+    file that `dst` does not have yet, except graphs and bookkeeping."""
+    for f in Path(src).iterdir():
+        if f.is_file() and not f.name.endswith(".onnx") and f.name not in (RESULT, MARKER, "ort_config.json") \
+                and not (Path(dst) / f.name).exists():
+            shutil.copy2(f, Path(dst) / f.name)
+
+
 def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -46,7 +46,7 @@ def percentiles(ms: list[float]) -> dict:
 def _load(spec: dict):
     from compress.formats import load_predictor
 
-    if spec["format"] != "onnx":
+    if spec["format"] not in ("onnx", "openvino"):  # those set their own thread count
         import torch
 
         torch.set_num_threads(int(spec["threads"]))
@@ -76,17 +76,25 @@ def _latency_selection(n_rows: int, spec: dict) -> list[int]:
 
 
 def _warm_up(pred, batches: list[dict], n: int) -> None:
-    """Untimed calls on the first `n` batches (at least one) and on the largest one:
-    allocators, kernels, caches. The largest shape matters on a GPU, where a new shape can
-    pick new kernels and grow the memory pool inside the timed region (p95/p99)."""
-    calls = batches[: max(n, 1)]
-    if batches and "input_ids" in batches[0]:
-        largest = max(batches, key=lambda b: b["input_ids"].size)
-        if not any(b is largest for b in calls):
-            calls = [*calls, largest]
+    """Untimed calls on the first `n` batches (at least one), then on one batch of every
+    input shape among the rest: allocators, kernels, caches. A runtime can prepare its
+    kernels for each shape on the first call of that shape: OpenVINO's CPU plugin compiles
+    them (several times the call itself for a small encoder), a GPU picks kernels and grows
+    its memory pool (p95/p99). A service that runs for hours pays that once per shape, so no
+    timed call does."""
+    calls = list(batches[: max(n, 1)])
+    seen = {_shape(b) for b in calls}
+    for b in batches[len(calls):]:
+        if _shape(b) not in seen:
+            seen.add(_shape(b))
+            calls.append(b)
     for b in calls:
         pred(b)
     pred.sync()
+
+
+def _shape(batch: dict) -> tuple:
+    return tuple(v.shape for _, v in sorted(batch.items()))
 
 
 def _timed(pred, batch: dict) -> tuple[float, np.ndarray]:

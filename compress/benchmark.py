@@ -20,8 +20,9 @@ from compress.formats import CPU_ONLY
 # cached under the old meaning are taken again. 2: accuracy scored at batch 1. 3: batch-1
 # latency is the median over rounds (BenchmarkSpec.latency_rounds). 4: later rounds time each
 # variant alternately with the baseline in one process, and speed-ups against the baseline
-# come from those paired rounds.
-METHOD = 4
+# come from those paired rounds. 5: the warm-up runs every input shape once (OpenVINO compiles
+# kernels per shape on its first call).
+METHOD = 5
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.artifacts import Artifact

@@ -21,12 +21,13 @@ from compress.registry import Format, StageConfig, get_stage, registry
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 MODEL_ID = "model"  # the recipe's model, usable as `from: model` and `budget.baseline: model`
 RESERVED_IDS = {MODEL_ID, "bench", "reports"}
-BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "bnb_4bit", "cascade")
+BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade")
 # Why a format cannot go further down a chain, added to "takes X, but Y gives Z" errors.
 FORMAT_HINTS: dict[str, str] = {
     "bnb_4bit": "a bitsandbytes 4-bit model is an end point: its packed 4-bit weights have no ONNX "
     "export and quantizing them again only adds error; take the stage it was loaded from instead",
     "onnx": "an ONNX graph does not go back to torch: put torch stages before export_onnx",
+    "openvino": "an OpenVINO model goes back neither to torch nor to ONNX: put those stages before export_openvino",
 }
 
 
@@ -199,7 +200,7 @@ class BenchmarkSpec(Strict):
         "(added when missing).",
     )
     max_length: PositiveInt = Field(128, description="Tokenizer truncation length at inference.")
-    warmup: int = Field(10, ge=0, description="Untimed batches before each timed pass.")
+    warmup: int = Field(10, ge=0, description="Untimed batches before each timed pass (besides one batch of every other input shape in it).")
     max_latency_examples: PositiveInt | None = Field(
         300,
         description="Eval sentences timed one by one for the batch-1 latency percentiles "

@@ -8,6 +8,7 @@ check that a stage is fed something it can take before any model loads:
 - `hf`: a transformers sequence-classification folder (safetensors + tokenizer).
 - `torch_int8`: torch dynamic INT8 weights as safetensors (see formats/torch_int8.py).
 - `onnx`: an ONNX model folder with its tokenizer.
+- `openvino`: an OpenVINO IR folder (model.xml + model.bin) with its tokenizer.
 - `bnb_4bit`: a bitsandbytes 4-bit model (loaded from an `hf` folder plus its settings).
 - `cascade`: two variants combined by a confidence threshold.
 """
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:  # pragma: no cover
     from compress.context import StageContext
 
-Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "bnb_4bit", "cascade"]
+Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade"]
 
 
 class StageConfig(BaseModel):

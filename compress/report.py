@@ -32,16 +32,25 @@ def _cost(r: dict) -> str:
     return f"${r['usd_per_1k']:.5f} @b{r['operating_point']['batch_size']}"
 
 
+def _format(r: dict) -> str:
+    """The format and, where the format's name does not say it, the runtime that ran it:
+    `onnx (onnxruntime)`, `hf (torch)`, `openvino`. (Reports from before rows named their
+    runtime show the format alone.)"""
+    runtime = r.get("runtime")
+    return r["format"] if runtime in (None, r["format"]) else f"{r['format']} ({runtime})"
+
+
 def table_rows(report: dict) -> list[list[str]]:
     out = []
     for r in report["rows"]:
+        fmt = _format(r)
         if not r["ok"]:
-            out.append([r["id"], r["format"], r["device"], "-", "-", "-", "-", "-", "-", "-", r["verdict"]])
+            out.append([r["id"], fmt, r["device"], "-", "-", "-", "-", "-", "-", "-", r["verdict"]])
             continue
         lat = r["latency_ms"]
         tput = max(r["throughput"].values())
         out.append([
-            r["id"], r["format"], r["device"], f"{r['accuracy']:.2f}", _delta(r), f"{r['size_mb']:.1f}",
+            r["id"], fmt, r["device"], f"{r['accuracy']:.2f}", _delta(r), f"{r['size_mb']:.1f}",
             f"{lat['p50']:.2f} / {lat['p95']:.2f} / {lat['p99']:.2f}",
             _num(r.get("speedup_vs_baseline"), ".2f") + "x" if r.get("speedup_vs_baseline") else "-",
             f"{tput:,.0f}", _cost(r), r["verdict"],

@@ -121,9 +121,9 @@ def test_a_paired_round_times_both_models_alternately_each_with_its_own_tokenize
     assert any((r != v).any() for r, v in zip(ref_ids, var_ids))  # each model got its own tokenizer's ids
 
 
-def test_warm_up_includes_the_largest_batch():
-    """Besides the first batches, the warm-up runs the largest shape once, so that a GPU
-    picks its kernels and grows its memory pool before the timed calls."""
+def test_warm_up_runs_every_shape_once():
+    """Besides the first batches, the warm-up runs one batch of every other shape, so that a
+    runtime that prepares kernels per shape (OpenVINO, a GPU) does it before the timed calls."""
     class Pred:
         def __init__(self):
             self.seen = []
@@ -134,10 +134,13 @@ def test_warm_up_includes_the_largest_batch():
         def sync(self):
             pass
 
-    batches = [{"input_ids": np.zeros((1, n), dtype=np.int64)} for n in (5, 3, 9, 4)]
+    batches = [{"input_ids": np.zeros((1, n), dtype=np.int64)} for n in (5, 3, 9, 4, 3, 9, 5)]
     pred = Pred()
     bench_worker._warm_up(pred, batches, 2)
-    assert pred.seen == [(1, 5), (1, 3), (1, 9)]
+    assert pred.seen == [(1, 5), (1, 3), (1, 9), (1, 4)]
     pred = Pred()
-    bench_worker._warm_up(pred, batches[2:], 1)  # the largest is already among the first
-    assert pred.seen == [(1, 9)]
+    bench_worker._warm_up(pred, batches[2:], 0)  # at least one call, then each new shape once
+    assert pred.seen == [(1, 9), (1, 4), (1, 3), (1, 5)]
+    pred = Pred()
+    bench_worker._warm_up(pred, batches[:3], 10)  # n beyond the list: each batch once
+    assert pred.seen == [(1, 5), (1, 3), (1, 9)]

@@ -355,3 +355,66 @@ def test_a_student_that_is_not_smaller_is_flagged_in_its_row_and_in_the_decision
     meta[1]["not_smaller"] = None
     rows = build_rows(meta, {(k, "cpu"): v for k, v in res.items()}, LABELS, recipe_dict())
     assert not any("not smaller" in n for n in decide(rows, recipe_dict(), ["cpu"])["notes"])
+
+
+# ------------------------------------------------------------------ runtimes side by side
+
+
+def _runtime_variants():
+    def v(vid, stage, fmt, source):
+        return {"id": vid, "stage": stage, "format": fmt, "source": source, "fingerprint": "f" * 16}
+
+    return [
+        v("baseline", "finetune", "hf", None),
+        v("onnx", "export_onnx", "onnx", "baseline"), v("onnx_int8", "quantize_onnx", "onnx", "onnx"),
+        v("ov", "export_openvino", "openvino", "onnx"), v("ov_int8", "quantize_openvino", "openvino", "ov"),
+        v("trimmed", "trim_vocab", "hf", "baseline"),
+        v("small_onnx", "export_onnx", "onnx", "trimmed"), v("small_fused", "optimize_onnx", "onnx", "small_onnx"),
+        v("small_int8", "quantize_onnx", "onnx", "small_fused"),
+        v("small_ov", "export_openvino", "openvino", "trimmed"),  # from torch: still the same model
+        v("small_ov_int8", "quantize_openvino", "openvino", "small_ov"),
+    ]
+
+
+def test_openvino_rows_are_compared_with_their_onnxruntime_siblings():
+    meta = _runtime_variants()
+    res = {(m["id"], "cpu"): measurement(LABELS, LABELS, p50=10.0) for m in meta}
+    res[("onnx_int8", "cpu")] = measurement(flip(LABELS, 8), LABELS, p50=5.0, throughput=400.0,
+                                            paired_speedup={"reference": "baseline", "speedup": 2.0, "rounds": [2.0, 1.6]})
+    res[("ov_int8", "cpu")] = measurement(flip(LABELS, 4), LABELS, p50=4.0, throughput=300.0,
+                                          paired_speedup={"reference": "baseline", "speedup": 2.5, "rounds": [2.4, 2.4]})
+    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe_dict())}
+    assert rows["ov"]["runtime"] == "openvino" and rows["onnx"]["runtime"] == "onnxruntime"
+    assert rows["baseline"]["runtime"] == "torch"
+    sib = lambda vid: [e["id"] for e in rows[vid].get("vs_runtime", [])]  # noqa: E731
+    assert sib("ov") == ["onnx"] and sib("ov_int8") == ["onnx_int8"]
+    assert sib("small_ov") == ["small_onnx", "small_fused"] and sib("small_ov_int8") == ["small_int8"]
+    assert all(not sib(v) for v in ("onnx", "onnx_int8", "small_int8", "baseline", "trimmed"))
+
+    e = rows["ov_int8"]["vs_runtime"][0]
+    assert e["delta"] == pytest.approx(1.0)  # 4 errors against 8 in 400
+    assert e["delta_ci95"][0] < 1.0 < e["delta_ci95"][1]
+    # Paired rounds: the quotient of the two speed-ups against the baseline, and per round.
+    assert e["paired"] and e["speedup_b1"] == pytest.approx(1.25)
+    assert e["speedup_b1_rounds"] == pytest.approx([1.2, 1.5])
+    assert e["throughput_ratio"]["32"] == pytest.approx(0.75)
+    note = next(n for n in rows["ov_int8"]["notes"] if n.startswith("vs onnxruntime"))
+    assert "'onnx_int8'" in note and "+1.00 points" in note and "1.25x as fast" in note
+    assert "paired rounds 1.20x to 1.50x" in note and "batch 32 throughput 0.75x" in note
+    # Without paired rounds on both sides: the separately measured p50s, said so.
+    e = rows["ov"]["vs_runtime"][0]
+    assert not e["paired"] and e["speedup_b1"] == pytest.approx(1.0)
+    assert any("(separate p50s)" in n for n in rows["ov"]["notes"])
+
+
+def test_the_table_names_the_runtime_of_every_row():
+    from compress.report import table_rows
+
+    meta = _runtime_variants()[:5]
+    res = {(m["id"], "cpu"): measurement(LABELS, LABELS) for m in meta}
+    report = make_report({}, LABELS)
+    report["rows"] = build_rows(meta, res, LABELS, recipe_dict())
+    decide(report["rows"], recipe_dict(), ["cpu"])
+    cells = {row[0]: row[1] for row in table_rows(report)}
+    assert cells == {"baseline": "hf (torch)", "onnx": "onnx (onnxruntime)", "onnx_int8": "onnx (onnxruntime)",
+                     "ov": "openvino", "ov_int8": "openvino"}

@@ -20,10 +20,21 @@ LOADERS: dict[str, str] = {
     "cascade": "compress.formats.cascade:load",
     "onnx": "compress.formats.onnx:load",
     "bnb_4bit": "compress.formats.bnb_4bit:load",
+    "openvino": "compress.formats.openvino:load",
 }
 
 # Formats with no GPU kernels: benchmarked on the CPU only (a note says so on a GPU machine).
-CPU_ONLY = {"torch_int8": "torch dynamic INT8 has CUDA kernels for no layer"}
+CPU_ONLY = {
+    "torch_int8": "torch dynamic INT8 has CUDA kernels for no layer",
+    "openvino": "OpenVINO runs on Intel CPUs and GPUs, not on CUDA devices",
+}
+
+# The runtime that runs each format, named in every report row (the format alone does not
+# say it: `hf` runs with torch, `onnx` with onnxruntime).
+RUNTIMES = {
+    "hf": "torch", "torch_int8": "torch", "bnb_4bit": "torch+bitsandbytes",
+    "onnx": "onnxruntime", "openvino": "openvino", "cascade": "cascade",
+}
 
 # Files that are tokenizer or bookkeeping, not model: left out of "size on disk".
 NON_MODEL_FILES = {

@@ -63,6 +63,7 @@ def run(ctx) -> Result:
 
     from optimum.onnxruntime import AutoOptimizationConfig, ORTOptimizer
 
+    from compress.artifacts import copy_side_files
     from compress.errors import StageError
     from compress.formats import onnx as onnx_fmt
 
@@ -71,7 +72,7 @@ def run(ctx) -> Result:
     unknown = _no_fusion_rules(ctx.input.path)
     if unknown:
         shutil.copy2(src, ctx.out / src.name)
-        _copy_side_files(ctx.input.path, ctx.out, shutil)
+        copy_side_files(ctx.input.path, ctx.out)
         ctx.log(f"  {unknown}")
         return Result(format="onnx", level=cfg.level, operators={}, parity={}, notes=[unknown])
     optimizer = ORTOptimizer.from_pretrained(ctx.input.path, file_names=[src.name])
@@ -91,7 +92,7 @@ def run(ctx) -> Result:
     finally:
         for lg, lv in zip(loggers, levels):
             lg.setLevel(lv)
-    _copy_side_files(ctx.input.path, ctx.out, shutil)
+    copy_side_files(ctx.input.path, ctx.out)
 
     import onnx
 
@@ -127,14 +128,6 @@ def _no_fusion_rules(folder) -> str | None:
         return (f"onnxruntime's transformer optimizer has no fusion rules for model type '{model_type}': "
                 f"the graph is copied unchanged (onnxruntime still applies its generic rewrites when it loads it)")
     return None
-
-
-def _copy_side_files(src, dst, shutil) -> None:
-    """Tokenizer and config travel with the graph (the ONNX tools write only their own files)."""
-    for f in src.iterdir():
-        if f.is_file() and not f.name.endswith(".onnx") and f.name not in ("result.json", "_complete.json", "ort_config.json") \
-                and not (dst / f.name).exists():
-            shutil.copy2(f, dst / f.name)
 
 
 KIND = StageKind(
