@@ -112,7 +112,7 @@ def test_a_paired_round_times_both_models_alternately_each_with_its_own_tokenize
             "max_length": 32, "warmup": 2, "max_latency_examples": n, "eval_file": str(eval_file),
             "latency_only": True, "pair": {"format": "hf", "path": str(ref), "options": {}}}
     result = bench_worker.measure_paired(spec)
-    assert set(result) == {"ok", "sentence_ms", "pair_sentence_ms"}
+    assert set(result) == {"ok", "sentence_ms", "pair_sentence_ms", "phase_seconds"}
     assert len(result["sentence_ms"]) == len(result["pair_sentence_ms"]) == n
     timed = order[4:]  # after two warm-up calls each
     b = bench_worker.PAIR_BLOCK
