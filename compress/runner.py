@@ -281,6 +281,8 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
         meta.append({
             "id": a.id, "stage": spec.uses if spec else MODEL_ID, "format": a.format,
             "source": spec.source if spec else None, "fingerprint": a.fingerprint[:16],
+            # the other variants it reads (a cascade's large member), for comparisons in the report
+            **({"refs": spec.config.refs()} if spec and spec.config.refs() else {}),
         })
     rows = build_rows(meta, results, data.eval.labels, resolved)
     devices = list(dict.fromkeys(d for (_, d) in results))
