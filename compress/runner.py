@@ -253,6 +253,7 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
     from compress import manifest
     from compress.benchmark import METHOD, BenchTiming, run_benchmarks
     from compress.decision import build_rows, decide
+    from compress.model_card import write_model_cards
     from compress.report import write_reports
 
     base = recipe.budget.baseline
@@ -320,5 +321,6 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
     report["timing"] = _timing(stage_seconds or {}, stages_info, bench_timing, bench_seconds,
                                time.perf_counter() - t_start)
     write_reports(report, run_dir)
+    write_model_cards(report, run_dir)
     (run_dir / "manifest.json").write_text(_json(report["manifest"]))
     return report
