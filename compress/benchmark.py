@@ -150,7 +150,7 @@ def run_benchmarks(
         measured: dict[str, dict] = {}
         for k, (art, job, _, _) in enumerate(jobs, 1):
             where = f"variant {k}/{len(jobs)}, round 1/{spec.latency_rounds}, {device}"
-            log(f"  [{where}] {art.id}: measuring ...")
+            log(f"  {art.id} on {device}: measuring ({where}) ...")
             with heartbeat(f"    {art.id} ({where})", log):
                 r = measured[art.id] = _run_worker(job, folder, art.id, device, spec.threads,
                                                    label=f"{art.id} ({where})", log=log)
