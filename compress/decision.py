@@ -97,7 +97,8 @@ def build_rows(
                                     f"batch 1, one request at a time")
             if r.get("routed_share") is not None:  # a cascade: share sent on to its large model
                 row["routed_share"] = r["routed_share"]
-                row["notes"].append(f"{r['routed_share']:.0%} of the eval inputs went on to the large model")
+                if not (v.get("refs") or {}).get("large"):  # else compare_members says it with the figures
+                    row["notes"].append(f"{r['routed_share']:.0%} of the eval inputs went on to the large model")
             if base_correct is not None:
                 correct = np.array(r["predictions"]) == labels
                 row["delta"] = row["accuracy"] - base["accuracy"]
@@ -133,6 +134,7 @@ def build_rows(
         if r.get("effective_device") not in (None, r["device"]):
             r["notes"].append(f"runs on {r['effective_device']} although benchmarked on {r['device']} (fallback)")
     _compare_runtimes(variants, rows, results, labels, bench["bootstrap_samples"], paired)
+    compare_members(rows)
     return rows
 
 
@@ -209,6 +211,32 @@ def _compare_runtimes(variants: list[dict], rows: list[dict], results: dict, lab
             if sizes and sizes[-1] != "1":
                 text += f"; batch {sizes[-1]} throughput {entry['throughput_ratio'][sizes[-1]]:.2f}x"
             r["notes"].append(text)
+
+
+def compare_members(rows: list[dict]) -> None:
+    """A cascade's row against its two members' rows on the same device, in place: the
+    share of eval inputs routed to the large member, and accuracy and $/1K beside each
+    member's (`members`, and a note). The small member is the row's `source`, the large
+    one its `refs.large`."""
+    by_key = {(r["id"], r["device"]): r for r in rows if r.get("ok")}
+    for r in rows:
+        large_id = (r.get("refs") or {}).get("large")
+        if not r.get("ok") or r.get("routed_share") is None or not large_id:
+            continue
+        members = {role: by_key.get((vid, r["device"])) for role, vid in (("small", r.get("source")), ("large", large_id))}
+        r["members"] = {role: None if m is None else {"id": m["id"], "accuracy": m["accuracy"],
+                                                       "usd_per_1k": m.get("usd_per_1k")}
+                        for role, m in members.items()}
+        small, large = members["small"], members["large"]
+        fig = [f"{r['routed_share']:.0%} of the eval inputs went on to '{large_id}'"]
+        if small and large:
+            fig.append(f"accuracy {r['accuracy']:.2f} against {small['accuracy']:.2f} ('{small['id']}') and "
+                       f"{large['accuracy']:.2f} ('{large['id']}')")
+            costs = (r.get("usd_per_1k"), small.get("usd_per_1k"), large.get("usd_per_1k"))
+            if None not in costs:
+                fig.append(f"$/1K {costs[0]:.4f} against {costs[1]:.4f} and {costs[2]:.4f} "
+                           f"({costs[0] / costs[2]:.2f}x the large member's)")
+        r["notes"].append("; ".join(fig))
 
 
 def decide(rows: list[dict], recipe: dict, available_devices: list[str]) -> dict:

@@ -81,8 +81,9 @@ class StageKind:
     # The output has another tokenizer than the input (trim_vocab): the stages downstream
     # of it no longer share token ids with the rest of the recipe.
     new_tokenizer: bool = False
-    # The config refs must use the `from` input's tokenizer (cascade tokenises once for
-    # both members); checked at validation through `new_tokenizer` on the way up.
+    # The config refs must use the `from` input's tokenizer (for a kind that tokenises once
+    # for its input and its refs); checked at validation through `new_tokenizer` on the way
+    # up. No kind needs it today: a cascade's members each tokenize for themselves.
     refs_share_tokenizer: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

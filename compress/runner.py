@@ -15,6 +15,7 @@ from typing import Callable
 
 from compress import __version__
 from compress.artifacts import RESULT, Artifact, ArtifactStore, RunLock, digest
+from compress.console import heartbeat, stamped
 from compress.console import log as default_log
 from compress.errors import ArtifactError, StageError
 from compress.recipe import BENCHMARKABLE, MODEL_ID, Recipe
@@ -82,6 +83,7 @@ def run_recipe(
     from compress.sources import check_model_folder, resolve_model
 
     _quiet_libraries()
+    log = stamped(log)  # the heartbeat stays quiet while lines are logged
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
     run_dir = artifacts_root / recipe.name
@@ -105,6 +107,7 @@ def run_recipe(
         device = procs.device or _train_device()
         procs.share()  # the others start once the main process holds the lock and has swept
         stages_info: dict[str, dict] = {}
+        stage_seconds: dict[str, float] = {}  # this run's time per stage (0 when reused)
         model_checked = False
         for sid in topo_order(recipe):
             spec = recipe.stage(sid)
@@ -122,6 +125,7 @@ def run_recipe(
                 log(f"[{sid}] {kind.name}: up to date (reused)")
                 artifacts[sid] = cached
                 stages_info[sid] = {"uses": kind.name, "cached": True, "seconds": cached.result.get("seconds")}
+                stage_seconds[sid] = 0.0
                 continue
             log(f"[{sid}] {kind.name}: running ({'forced' if sid in force else why})")
             if not model_checked and MODEL_ID in (spec.source, *spec.config.refs().values()):
@@ -134,7 +138,8 @@ def run_recipe(
                 if not procs.is_main:  # derived data too stays with the main process
                     ctx.cache_root = tmp / ".cache"
                 t0 = time.perf_counter()
-                result = kind.run(ctx)
+                with heartbeat(f"[{sid}] {kind.name}", log):
+                    result = kind.run(ctx)
                 seconds = time.perf_counter() - t0
                 if not isinstance(result, kind.result) or result.format != kind.produces:
                     raise StageError(f"{sid}: stage {kind.name} returned {type(result).__name__}, not its result type")
@@ -156,12 +161,13 @@ def run_recipe(
                 artifacts[sid] = _committed(store, sid, fp)
             log(f"[{sid}] done in {seconds:.1f}s")
             stages_info[sid] = {"uses": kind.name, "cached": False, "seconds": round(seconds, 2)}
+            stage_seconds[sid] = seconds
 
         procs.close()  # no collective call after the stages: the benchmark is the main process's
         if not procs.is_main:
             return None
         report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
-                                       data_notes)
+                                       data_notes, stage_seconds)
     return report
 
 
@@ -216,17 +222,9 @@ def _unk_note(recipe: Recipe, model_path: Path, data) -> str:
 def _quiet_libraries() -> None:
     """Library chatter (\"newly initialized weights\", deprecation notices) is expected
     here and drowns the run's own lines; COMPRESS_DEBUG=1 keeps it."""
-    import os
-    import warnings
+    from compress.console import quiet_libraries
 
-    if os.environ.get("COMPRESS_DEBUG", "") not in ("", "0"):
-        return
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    quiet_libraries()
 
 
 def _committed(store: ArtifactStore, sid: str, fp: str) -> Artifact:
@@ -281,11 +279,34 @@ def _json(obj) -> str:
     return json.dumps(obj, indent=1, default=str)
 
 
+def _timing(stage_seconds: dict, stages_info: dict, bench, bench_seconds: float, total: float) -> dict:
+    """report.json `timing`: where this run's time went (reused stages and cached
+    measurements count 0): per stage, per benchmark phase and per measured variant."""
+    stages = {sid: {"seconds": round(stage_seconds.get(sid, 0.0), 1), "reused": bool(info.get("cached"))}
+              for sid, info in stages_info.items()}
+    stage_total = sum(stage_seconds.values())
+    return {
+        "seconds": round(total, 1),
+        "stages": stages,
+        "stages_seconds": round(stage_total, 1),
+        "benchmark": {
+            "seconds": round(bench_seconds, 1),
+            "phases": {k: round(v, 1) for k, v in bench.phase_totals().items()},
+            "variants": {k: {"seconds": round(bench.seconds(k), 1), "phases": {p: round(v, 2) for p, v in ph.items()}}
+                         for k, ph in bench.variants.items()},
+            "cached": list(bench.cached),
+        },
+        # data loading, model resolution, decision and reports
+        "other_seconds": round(max(total - stage_total - bench_seconds, 0.0), 1),
+    }
+
+
 def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
-                          data_notes=()) -> dict:
+                          data_notes=(), stage_seconds=None) -> dict:
     from compress import manifest
-    from compress.benchmark import METHOD, run_benchmarks
+    from compress.benchmark import METHOD, BenchTiming, run_benchmarks
     from compress.decision import build_rows, decide
+    from compress.model_card import write_model_cards
     from compress.report import write_reports
 
     base = recipe.budget.baseline
@@ -293,10 +314,13 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
     hw = manifest.hardware()
     vers = manifest.versions()
     log(f"benchmark: {len(variants)} variants, {threads} threads, batch sizes {recipe.benchmark.batch_sizes}")
+    bench_timing = BenchTiming()
+    t_bench = time.perf_counter()
     results, bench_notes = run_benchmarks(
         variants, recipe.benchmark.model_copy(update={"threads": threads}), data, run_dir / "bench",
-        manifest.machine_key(hw, vers), log, reference=base,
+        manifest.machine_key(hw, vers), log, reference=base, timing=bench_timing,
     )
+    bench_seconds = time.perf_counter() - t_bench
     if not results.get((base, "cpu"), {}).get("ok") and not any(
         results.get((base, d), {}).get("ok") for d in recipe.benchmark.devices
     ):
@@ -313,6 +337,8 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
             "source": spec.source if spec else None, "fingerprint": a.fingerprint[:16],
             # A compressing stage's own word that its output is no smaller (distill on ALBERT).
             "not_smaller": (a.result or {}).get("not_smaller"),
+            # the other variants it reads (a cascade's large member), for comparisons in the report
+            **({"refs": spec.config.refs()} if spec and spec.config.refs() else {}),
         })
     rows = build_rows(meta, results, data.eval.labels, resolved)
     devices = list(dict.fromkeys(d for (_, d) in results))
@@ -347,6 +373,9 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
             "seconds": round(time.perf_counter() - t_start, 1),
         },
     }
+    report["timing"] = _timing(stage_seconds or {}, stages_info, bench_timing, bench_seconds,
+                               time.perf_counter() - t_start)
     write_reports(report, run_dir)
+    write_model_cards(report, run_dir)
     (run_dir / "manifest.json").write_text(_json(report["manifest"]))
     return report

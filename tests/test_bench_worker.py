@@ -70,7 +70,7 @@ def test_a_later_round_times_the_selection_only(tiny_classifier, tmp_path):
             "max_length": 32, "warmup": 1, "max_latency_examples": 6, "eval_file": str(eval_file)}
     full = bench_worker.measure(spec)
     later = bench_worker.measure({**spec, "latency_only": True})
-    assert len(full["sentence_ms"]) == 6 and set(later) == {"ok", "sentence_ms"} and len(later["sentence_ms"]) == 6
+    assert len(full["sentence_ms"]) == 6 and set(later) == {"ok", "sentence_ms", "phase_seconds"} and len(later["sentence_ms"]) == 6
     assert all(t > 0 for t in later["sentence_ms"])
 
 
@@ -112,7 +112,7 @@ def test_a_paired_round_times_both_models_alternately_each_with_its_own_tokenize
             "max_length": 32, "warmup": 2, "max_latency_examples": n, "eval_file": str(eval_file),
             "latency_only": True, "pair": {"format": "hf", "path": str(ref), "options": {}}}
     result = bench_worker.measure_paired(spec)
-    assert set(result) == {"ok", "sentence_ms", "pair_sentence_ms"}
+    assert set(result) == {"ok", "sentence_ms", "pair_sentence_ms", "phase_seconds"}
     assert len(result["sentence_ms"]) == len(result["pair_sentence_ms"]) == n
     timed = order[4:]  # after two warm-up calls each
     b = bench_worker.PAIR_BLOCK

@@ -212,6 +212,28 @@ def test_routed_share_reaches_the_row():
     assert "routed_share" not in rows["baseline"]
 
 
+def test_a_cascade_row_compares_itself_with_both_members():
+    from compress.decision import compare_members
+
+    res = {(v, "cpu"): measurement(LABELS, flip(LABELS, k), throughput=t, routed_share=0.3 if v == "casc" else None)
+           for v, k, t in (("baseline", 0, 100.0), ("small", 20, 400.0), ("casc", 4, 250.0))}
+    for r in res.values():
+        if r.get("routed_share") is None:
+            r.pop("routed_share")
+    meta = variants("baseline", "small", "casc")
+    meta[2]["source"], meta[2]["refs"] = "small", {"large": "baseline"}
+    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe_dict())}
+    casc = rows["casc"]
+    assert casc["members"]["small"] == {"id": "small", "accuracy": rows["small"]["accuracy"],
+                                        "usd_per_1k": rows["small"]["usd_per_1k"]}
+    assert casc["members"]["large"]["id"] == "baseline"
+    note = next(n for n in casc["notes"] if "went on to 'baseline'" in n)
+    assert note.startswith("30% of the eval inputs") and f"{casc['accuracy']:.2f} against" in note
+    assert f"({casc['usd_per_1k'] / rows['baseline']['usd_per_1k']:.2f}x the large member's)" in note
+    assert "members" not in rows["small"]
+    compare_members([{**casc, "refs": {"large": "gone"}, "notes": []}])  # a member without a row: no error
+
+
 def test_batches_helper_is_a_monotone_curve():
     b = batches(5.0, 6.0, 100.0)
     assert [x["batch_size"] for x in b] == [1, 8, 32]

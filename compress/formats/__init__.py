@@ -51,6 +51,9 @@ class Predictor:
     device: str = "cpu"
     notes: list[str]
     input_names: tuple[str, ...] | None = None  # inputs the model takes; None: all the tokenizer gives
+    # True: the batch must also carry the raw texts ("text", "text_pair": object arrays [B]),
+    # because the predictor tokenizes some inputs itself (a cascade whose members tokenize differently).
+    takes_text: bool = False
 
     def __init__(self, path: Path):
         self.path = path

@@ -216,7 +216,8 @@ def cached_teacher_logits(
     seconds = 0.0
     if logits is None:
         t0 = time.perf_counter()
-        logits = predict_logits(teacher, tokenizer, data, batch_size, ctx.device)
+        with ctx.progress(len(data), "teacher logits") as bar:
+            logits = predict_logits(teacher, tokenizer, data, batch_size, ctx.device, on_batch=bar.advance)
         seconds = time.perf_counter() - t0
         tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
         with open(tmp, "wb") as fh:

@@ -128,10 +128,11 @@ def qkv_weights(layer, arch: Arch, d: int):
     return torch.stack([_get(layer, p).weight.detach().view(-1, d, layer_hidden(layer, arch)) for p in arch.qkv])
 
 
-def importance_scores(model, arch: Arch, method: str, batches=()):
+def importance_scores(model, arch: Arch, method: str, batches=(), on_batch=None):
     """Head scores [per layer: tensor [heads now]] and FFN scores [per layer: tensor [width]].
 
-    `batches`: padded training batches (dicts of tensors incl. labels) for `gradient`.
+    `batches`: padded training batches (dicts of tensors incl. labels) for `gradient`;
+    `on_batch(n)` after each (a progress bar's advance).
     Shared layers (ALBERT) run several times per forward pass: their hooks fire on every
     pass, so a score sums over the passes.
     """
@@ -179,6 +180,8 @@ def importance_scores(model, arch: Arch, method: str, batches=()):
             grads = torch.autograd.grad(loss, head_masks + ffn_masks)
             for acc, g in zip(heads + ffn, grads):
                 acc += g.abs()
+            if on_batch is not None:
+                on_batch(int(batch["labels"].shape[0]))
     finally:
         for h in hooks:
             h.remove()
@@ -286,7 +289,8 @@ def run(ctx) -> Result:
         for idx in length_sorted_batches(enc.lengths, 32):
             b = pad([{k: v for k, v in enc.features[i].items() if k != "idx"} for i in idx])
             batches.append({k: v.to(ctx.device) for k, v in b.items()})
-    head_scores, ffn_scores = importance_scores(model, arch, cfg.importance, batches)
+    with ctx.progress(sum(int(b["labels"].shape[0]) for b in batches), "importance") as bar:
+        head_scores, ffn_scores = importance_scores(model, arch, cfg.importance, batches, on_batch=bar.advance)
     remove = choose_heads(head_scores, cfg.heads, cfg.scope)
     keep = choose_neurons(ffn_scores, cfg.ffn)
     apply_pruning(model, arch, remove, keep)
