@@ -22,6 +22,19 @@ from compress.errors import ArtifactError, CompressError
 
 MARKER = "_complete.json"
 RESULT = "result.json"
+# The model card (compress/model_card.py) is written into a finished folder after the
+# benchmark and rewritten on every run: not part of the output, so not checksummed.
+MODEL_CARD = "README.md"
+
+
+def copy_side_files(src: Path, dst: Path) -> None:
+    """Copies the tokenizer and config of the model in `src` beside a converted or quantized
+    model written to `dst` (the ONNX and OpenVINO tools write only their own files): every
+    file that `dst` does not have yet, except graphs and bookkeeping."""
+    for f in Path(src).iterdir():
+        if f.is_file() and not f.name.endswith(".onnx") and f.name not in (RESULT, MARKER, "ort_config.json") \
+                and not (Path(dst) / f.name).exists():
+            shutil.copy2(f, Path(dst) / f.name)
 
 
 def digest(obj: Any) -> str:
@@ -54,7 +67,8 @@ def file_sha256(path: Path) -> str:
 
 def _checksums(folder: Path) -> dict[str, list]:
     out = {}
-    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER):
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER
+                    and not (p.name == MODEL_CARD and p.parent == folder)):
         out[str(f.relative_to(folder))] = [f.stat().st_size, file_sha256(f)]
     return out
 

@@ -10,23 +10,57 @@ import os
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from compress.artifacts import digest, is_sealed, sealed
+from compress.console import heartbeat
 from compress.formats import CPU_ONLY
 
 # What a measurement means (bench_worker): bumped when that changes, so that measurements
 # cached under the old meaning are taken again. 2: accuracy scored at batch 1. 3: batch-1
 # latency is the median over rounds (BenchmarkSpec.latency_rounds). 4: later rounds time each
 # variant alternately with the baseline in one process, and speed-ups against the baseline
-# come from those paired rounds.
-METHOD = 4
+# come from those paired rounds. 5: the warm-up runs every input shape once (OpenVINO compiles
+# kernels per shape on its first call).
+METHOD = 5
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.artifacts import Artifact
     from compress.data import Data
     from compress.recipe import BenchmarkSpec
+
+
+@dataclass
+class BenchTiming:
+    """Where this run's benchmark time went: per variant and device, the seconds of each
+    phase of its measurement (load, tokenize, warm-up, latency, accuracy, throughput per
+    batch size, later latency rounds, process start). Cached measurements cost nothing."""
+
+    variants: dict[str, dict[str, float]] = field(default_factory=dict)  # "id on device" -> {phase: s}
+    cached: list[str] = field(default_factory=list)  # "id on device" reused from the cache
+
+    def add(self, key: str, result: dict, rounds: bool = False) -> None:
+        phases = self.variants.setdefault(key, {})
+        wall = float(result.get("wall_seconds") or 0.0)
+        if rounds:  # a later round's worker: one figure, loading and warm-up included
+            phases["latency rounds"] = phases.get("latency rounds", 0.0) + wall
+            return
+        own = {k: float(v) for k, v in (result.get("phase_seconds") or {}).items()}
+        for name, sec in own.items():
+            phases[name] = phases.get(name, 0.0) + sec
+        phases["process start"] = phases.get("process start", 0.0) + max(wall - sum(own.values()), 0.0)
+
+    def seconds(self, key: str) -> float:
+        return sum(self.variants.get(key, {}).values())
+
+    def phase_totals(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for phases in self.variants.values():
+            for name, sec in phases.items():
+                totals[name] = totals.get(name, 0.0) + sec
+        return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 def cuda_available() -> bool:
@@ -64,10 +98,13 @@ def run_benchmarks(
     force: bool = False,
     reference: str | None = None,
     trust_remote_code: bool = False,
+    timing: BenchTiming | None = None,
 ) -> tuple[dict[tuple[str, str], dict], list[str]]:
     """{(variant id, device): measurement}, and notes (such as a skipped device).
     `reference`: the variant that later rounds pair every other variant with (the budget's
-    baseline); each paired measurement gets `paired_speedup` against it."""
+    baseline); each paired measurement gets `paired_speedup` against it. `timing`, when
+    given, collects where the time went."""
+    timing = timing if timing is not None else BenchTiming()
     notes = []
     devices = []
     for d in dict.fromkeys(spec.devices):
@@ -117,20 +154,25 @@ def run_benchmarks(
             for art, _, _, cached in jobs:
                 log(f"  {art.id} on {device}: measured before (cached)")
                 results[(art.id, device)] = cached
+                timing.cached.append(f"{art.id} on {device}")
             continue
         if any(cached is not None for *_, cached in jobs):
             log(f"  {device}: measuring every variant again, so that speed-ups come from one session")
         measured: dict[str, dict] = {}
-        for art, job, _, _ in jobs:
-            log(f"  {art.id} on {device}: measuring ...")
-            r = measured[art.id] = _run_worker(job, folder, art.id, device, spec.threads)
+        for k, (art, job, _, _) in enumerate(jobs, 1):
+            where = f"variant {k}/{len(jobs)}, round 1/{spec.latency_rounds}, {device}"
+            log(f"  {art.id} on {device}: measuring ({where}) ...")
+            with heartbeat(f"    {art.id} ({where})", log):
+                r = measured[art.id] = _run_worker(job, folder, art.id, device, spec.threads,
+                                                   label=f"{art.id} ({where})", log=log)
+            timing.add(f"{art.id} on {device}", r)
             if r.get("ok"):
                 log(f"    accuracy {r['accuracy']:.2f}  p50 {r['latency_ms']['p50']:.2f} ms  "
                     f"size {r['size_bytes'] / 1e6:.1f} MB")
             else:
                 log(f"    failed: {r.get('error')}")
         timed = [(art, job) for art, job, _, _ in jobs if measured[art.id].get("ok")]
-        extra, ratios = _later_rounds(timed, reference, spec, folder, device, log)
+        extra, ratios = _later_rounds(timed, reference, spec, folder, device, log, timing)
         for art, _, key, _ in jobs:
             r = measured[art.id]
             if r.get("ok"):
@@ -152,7 +194,8 @@ def run_benchmarks(
 
 
 def _later_rounds(
-    timed: list, reference: str | None, spec: "BenchmarkSpec", folder: Path, device: str, log: Callable[[str], None]
+    timed: list, reference: str | None, spec: "BenchmarkSpec", folder: Path, device: str, log: Callable[[str], None],
+    timing: BenchTiming | None = None,
 ) -> tuple[dict[str, list[list[float]]], dict[str, list[float]]]:
     """Rounds 2.. of batch-1 timing. Every variant's selection is timed again in a fresh
     process, each round starting further along the list, so that no variant is always timed
@@ -169,11 +212,15 @@ def _later_rounds(
         start = rnd * len(others) // spec.latency_rounds
         log(f"  {device}: latency round {rnd + 1}/{spec.latency_rounds}"
             + (f" (each variant timed alternately with {reference})" if ref_job else ""))
-        for art, job in others[start:] + others[:start]:
+        for n, (art, job) in enumerate(others[start:] + others[:start], 1):
             job = {**job, "latency_only": True}
             if ref_job is not None:
                 job["pair"] = {k: ref_job[k] for k in ("format", "path", "options")}
-            r = _run_worker(job, folder, art.id, device, spec.threads)
+            where = f"variant {n}/{len(others)}, round {rnd + 1}/{spec.latency_rounds}, {device}"
+            with heartbeat(f"    {art.id} ({where})", log):
+                r = _run_worker(job, folder, art.id, device, spec.threads, label=f"{art.id} ({where})", log=log)
+            if timing is not None:
+                timing.add(f"{art.id} on {device}", r, rounds=True)
             if not r.get("ok"):
                 log(f"    {art.id}: round {rnd + 1} failed ({r.get('error')}); its other rounds count")
                 continue
@@ -213,25 +260,48 @@ def _read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _run_worker(job: dict, folder: Path, vid: str, device: str, threads: int) -> dict:
-    """Runs compress.bench_worker on `job` in a fresh process; its result, or {ok: False, error}."""
+def _run_worker(job: dict, folder: Path, vid: str, device: str, threads: int,
+                label: str = "", log: Callable[[str], None] | None = None) -> dict:
+    """Runs compress.bench_worker on `job` in a fresh process; its result, or {ok: False, error}.
+    The worker's progress lines (prefixed, at least every progress_seconds() of a long
+    phase) go to `log`, headed by `label`; the rest of its stderr is library chatter, kept
+    only for the error of a worker that dies. The result gets `wall_seconds`, process start
+    included."""
+    import collections
+    import time
+
+    from compress.bench_worker import PROGRESS_PREFIX
+    from compress.console import progress_seconds
+
     spec_path = folder / f"{vid}.{device}.spec.json"
     out_path = folder / f"{vid}.{device}.worker.json"
-    spec_path.write_text(json.dumps(job))
+    # label and progress_seconds only steer the progress lines: not part of the cache key.
+    spec_path.write_text(json.dumps({**job, "label": label if log else "", "progress_seconds": progress_seconds()}))
     env = dict(os.environ)
     # Fix the thread pools of every runtime before it starts (torch, OpenMP, MKL, ORT).
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"})
     env["COMPRESS_BENCH_PARENT"] = str(os.getpid())  # the worker dies with this process (bench_worker)
     out_path.unlink(missing_ok=True)
-    proc = subprocess.run(
+    start = time.perf_counter()
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    with subprocess.Popen(
         [*worker_command(), str(spec_path), str(out_path)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace",
+    ) as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # until the worker exits
+            if line.startswith(PROGRESS_PREFIX):
+                if log is not None:
+                    log("    " + line[len(PROGRESS_PREFIX):].rstrip())
+            elif line.strip():
+                tail.append(line.strip())
+        returncode = proc.wait()
     if out_path.is_file():
         result = json.loads(out_path.read_text())
     else:
-        tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-        result = {"ok": False, "error": f"benchmark process died: {tail[0][:200]}"}
+        last = tail[-1] if tail else f"exit code {returncode}"
+        result = {"ok": False, "error": f"benchmark process died: {last[:200]}"}
+    result["wall_seconds"] = round(time.perf_counter() - start, 2)
     out_path.unlink(missing_ok=True)
     spec_path.unlink(missing_ok=True)
     return result

@@ -207,8 +207,11 @@ def compare(
 def init(
     model: Annotated[str, typer.Option(help="Model source: hub id, local folder or package:MODULE.")],
     dataset: Annotated[str, typer.Option(help="Dataset: hub id, or a local folder or file.")],
-    text: Annotated[str, typer.Option(help="Column holding the text.")] = "sentence",
-    label: Annotated[str, typer.Option(help="Column holding integer labels.")] = "label",
+    text: Annotated[Optional[str], typer.Option(
+        help="Column holding the text (default: sentence, or a common pair such as premise/hypothesis).")] = None,
+    text_pair: Annotated[Optional[str], typer.Option(help="Column holding the second text, for pair tasks.")] = None,
+    label: Annotated[str, typer.Option(help="Column holding the labels (integers or class names).")] = "label",
+    config: Annotated[Optional[str], typer.Option(help="Configuration of a hub dataset (glue: mnli, qqp, ...).")] = None,
     output: Annotated[Path, typer.Option(help="Recipe file to write.")] = Path("recipe.yaml"),
     force: Annotated[bool, typer.Option(help="Overwrite an existing file.")] = False,
 ) -> None:
@@ -216,7 +219,8 @@ def init(
     from compress.console import out
     from compress.init import write
 
-    write(model, dataset, text, label, output, force=force)
+    write(model, dataset, text or "sentence", label, output, force=force, text_pair=text_pair, config=config,
+          guess_pair=text is None)
     out.print(f"wrote {output}; next: compress validate {output} && compress run {output}", highlight=False)
 
 

@@ -38,7 +38,8 @@ class Split:
 
     texts: list[str]
     pairs: list[str] | None
-    labels: np.ndarray
+    labels: np.ndarray  # int64 ids; object (str) while still class names, before Data maps them
+    names: list[str] | None = None  # class names the source declares (a hub ClassLabel column)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -108,10 +109,13 @@ def _local_root(spec: "DataSpec", base_dir: Path) -> Path | None:
         if mirror.is_dir():
             return mirror.resolve()
     leaf = spec.dataset.rstrip("/").split("/")[-1]
+    # With a configuration (glue + mnli): `glue/mnli` or `mnli`, never the whole `glue` folder.
+    names = [f"{leaf}/{spec.config}", spec.config] if spec.config else [leaf]
     for root in filter(None, os.environ.get("COMPRESS_DATA_DIR", "").split(os.pathsep)):
-        candidate = expand_user(root) / leaf
-        if candidate.is_dir():
-            return candidate.resolve()
+        for name in names:
+            candidate = expand_user(root) / name
+            if candidate.is_dir():
+                return candidate.resolve()
     from compress.sources import looks_like_path, missing_path_reason
 
     if spec.dataset.startswith((".", "/", "~")) or direct.is_symlink() or looks_like_path(spec.dataset):
@@ -143,15 +147,42 @@ def _frame_to_split(frame, spec: "DataSpec", where: str) -> Split:
     for i, v in enumerate(raw_labels):
         if v is None or (isinstance(v, float) and v != v):
             raise DataError(f"{where}: row {i + 1}: label is missing")
+    # Integers (1, "1") or class names ("positive"): a column holds one kind. Any integer
+    # makes it an integer column, so a stray `1.5`, `true` or word is an error naming its row.
+    first_int = next((i for i, v in enumerate(raw_labels) if _integer_like(v)), None)
+    if first_int is None:
+        for i, v in enumerate(raw_labels):
+            if not isinstance(v, str) or not v.strip():
+                raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer or a class name")
+        labels = np.array([v.strip() for v in raw_labels], dtype=object)
+        return Split(texts(spec.text), texts(spec.text_pair) if spec.text_pair else None, labels)
     labels = np.empty(len(raw_labels), dtype=np.int64)
     for i, v in enumerate(raw_labels):
-        # ASCII digits only: str.isdigit() accepts '¹' or '٣', which int() then rejects (or reads).
-        if isinstance(v, bool) or not (isinstance(v, (int, np.integer)) or (isinstance(v, str) and _INT.fullmatch(v.strip()))):
-            raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer")
+        # ASCII digits only (_integer_like): str.isdigit() accepts '¹' or '٣', which int() then rejects (or reads).
+        if not _integer_like(v):
+            raise DataError(f"{where}: row {i + 1}: label {v!r} is not an integer (row {first_int + 1}'s is: a "
+                            f"column holds integers or class names, not both)")
         if not -(2**31) < int(v) < 2**31:  # would overflow int64 (and no head has that many classes)
             raise DataError(f"{where}: row {i + 1}: label {str(v)[:40]} is out of range")
         labels[i] = int(v)
     return Split(texts(spec.text), texts(spec.text_pair) if spec.text_pair else None, labels)
+
+
+def _index(names: list[str]) -> dict[str, int]:
+    """name -> id, matching exactly or else case-blind (NEGATIVE in a model's id2label is
+    `negative` in the data)."""
+    index = {str(n): i for i, n in enumerate(names)}
+    lower: dict[str, int] = {}
+    for i, n in enumerate(names):
+        lower.setdefault(str(n).lower(), i)
+    if len(lower) == len(names):
+        index.update({k: v for k, v in lower.items() if k not in index})
+    return index
+
+
+def _integer_like(v) -> bool:
+    return not isinstance(v, bool) and (
+        isinstance(v, (int, np.integer)) or (isinstance(v, str) and _INT.fullmatch(v.strip()) is not None))
 
 
 def _load_split(spec: "DataSpec", root: Path | None, split: str) -> tuple[Split, str]:
@@ -169,20 +200,46 @@ def _load_split(spec: "DataSpec", root: Path | None, split: str) -> tuple[Split,
     try:
         import datasets
 
-        ds = datasets.load_dataset(spec.dataset, split=split)
+        # A dataset with several configurations (glue: mnli, qqp, ...) needs data.config.
+        ds = datasets.load_dataset(spec.dataset, spec.config, split=split, revision=spec.revision)
     except Exception as exc:
         raise DataError(
-            f"data.dataset: cannot load '{spec.dataset}' split '{split}' from the hub "
-            f"({exc.__class__.__name__}); offline, set data.mirror or COMPRESS_DATA_DIR to a local copy"
-        )
-    return _frame_to_split(ds.to_pandas(), spec, f"{spec.dataset}[{split}]"), f"hub:{spec.dataset}"
+            f"data.dataset: cannot load '{spec.dataset}'{f' config {spec.config!r}' if spec.config else ''} "
+            f"split '{split}' from the hub ({exc.__class__.__name__}: {_first_line(exc)}); offline, set "
+            f"data.mirror or COMPRESS_DATA_DIR to a local copy"
+        ) from exc
+    name = spec.dataset + (f"/{spec.config}" if spec.config else "") + (f"@{spec.revision}" if spec.revision else "")
+    out = _frame_to_split(ds.to_pandas(), spec, f"{name}[{split}]")
+    # A ClassLabel column: integers whose names the dataset declares (glue/mnli: entailment, ...).
+    names = getattr(getattr(ds, "features", {}).get(spec.label), "names", None)
+    out.names = [str(n) for n in names] if names else None
+    return out, f"hub:{name}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else exc.__class__.__name__)[:160]
+
+
+def unk_share(tokenizer, split: Split) -> tuple[float | None, int]:
+    """(share of the split's tokens that are the tokenizer's unknown token, token count);
+    the share is None when the tokenizer has no unknown token (byte-level BPE reads anything)."""
+    ids = tokenizer(split.texts, split.pairs, add_special_tokens=False)["input_ids"]
+    total = sum(len(x) for x in ids)
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return None, total
+    return sum(x.count(unk) for x in ids) / max(total, 1), total
 
 
 class Data:
     """The recipe's data: the training subset, the eval split, and a calibration slice
     of training examples that were not trained on (never the eval split)."""
 
-    def __init__(self, spec: "DataSpec", base_dir: Path):
+    def __init__(self, spec: "DataSpec", base_dir: Path, head: list[str] | None = None):
+        """`head`: the id2label names, in id order, of a classifier whose head is used as it is
+        (`budget.baseline: model`): its label count must be the data's, and its own names
+        give the ids (LABEL_0, ... name nothing)."""
         self.spec = spec
         root = _local_root(spec, base_dir)
         self.train_full, train_src = _load_split(spec, root, spec.train_split)
@@ -191,41 +248,106 @@ class Data:
         if spec.max_eval_examples:
             self.eval = self.eval.select(range(min(spec.max_eval_examples, len(self.eval))))
 
-        all_labels = np.concatenate([self.train_full.labels, self.eval.labels])
-        self.num_labels = spec.num_labels or int(all_labels.max()) + 1
-        for name, split in (("train", self.train_full), ("eval", self.eval)):
-            bad = np.flatnonzero((split.labels < 0) | (split.labels >= self.num_labels))
-            if bad.size:
+        self._map_labels(head)
+
+        # A fixed permutation of the training split: its head is the training subset,
+        # its tail the calibration pool, so the two never overlap when data allows.
+        order = np.random.default_rng(spec.seed).permutation(len(self.train_full))
+        hold = spec.holdout
+        self.holdout_calibration = self.holdout_check = None
+        if hold.calibration or hold.check:
+            carved, dropped = carve_sentences(self.train_full, hold.calibration + hold.check, spec.seed)
+            self.holdout_calibration = self.train_full.select(carved[: hold.calibration])
+            self.holdout_check = self.train_full.select(carved[hold.calibration:])
+            self.holdout_dropped = len(dropped)
+            order = order[~np.isin(order, dropped)]
+        n = min(spec.max_train_examples or len(order), len(order))
+        self._order = order
+        self.train = self.train_full.select(order[:n])
+        self._fingerprints()
+        self._check_overlap()
+
+    def _map_labels(self, head: list[str] | None) -> None:
+        """Sets num_labels, label_names (None: unnamed integers) and int64 ids in both splits.
+        Class names become ids in sorted order, or in the order data.label_names (or the
+        head) gives; a label that only the eval split has is the eval file's error."""
+        spec, src, train, ev = self.spec, self.sources, self.train_full, self.eval
+        named = train.labels.dtype == object
+        if (ev.labels.dtype == object) != named:
+            raise DataError(
+                f"{src['eval']}: row 1: label {ev.labels[0]!r} is {'a class name' if not named else 'an integer'}, but "
+                f"the training split ({src['train']}) has {'class names' if named else 'integers'}; use one kind in both"
+            )
+        names = list(spec.label_names) if spec.label_names else None
+        if named and names is None:
+            names = sorted(set(train.labels.tolist()))
+        elif not named and names is None:
+            names = train.names
+        if names:
+            num_labels = len(names)
+        elif spec.num_labels:
+            num_labels = spec.num_labels
+        else:
+            num_labels = int(train.labels.max()) + 1 if len(train) else 0
+        if spec.num_labels and spec.num_labels != num_labels:
+            raise DataError(f"{src['train']}: data.num_labels is {spec.num_labels}, but the labels name {num_labels} "
+                            f"classes ({', '.join(names[:6])}); fix data.num_labels or data.label_names")
+
+        if head is not None:
+            if len(head) != num_labels:
                 raise DataError(
-                    f"{self.sources[name]}: row {bad[0] + 1}: label {split.labels[bad[0]]} is out of "
-                    f"range 0..{self.num_labels - 1}"
+                    f"{src['train']}: the data has {num_labels} classes but the model's classification head has "
+                    f"{len(head)} ({', '.join(head[:6])}); add a finetune stage (it fits a new head) and take the "
+                    f"baseline from it, or fix data.num_labels / data.label_names"
                 )
-        if self.num_labels < 2:
-            raise DataError(f"{self.sources['train']}: only one class in the labels; a classifier needs two or more")
-        if not spec.num_labels:
+            if not all(re.fullmatch(r"LABEL_\d+", n) for n in head):  # the head names its classes
+                if spec.label_names and [n.lower() for n in spec.label_names] != [n.lower() for n in head]:
+                    raise DataError(f"data.label_names ({', '.join(spec.label_names)}) differ from the model's own "
+                                    f"id2label ({', '.join(head)}); remove data.label_names or fine-tune a new head")
+                names = list(head)
+
+        if named:
+            index = _index(names)
+            given = "data.label_names" if spec.label_names else "the model's id2label" if head is not None and names == list(head) else None
+            for part, split in (("train", train), ("eval", ev)):
+                ids = np.empty(len(split), dtype=np.int64)
+                for i, v in enumerate(split.labels):
+                    j = index.get(v, index.get(v.lower()))
+                    if j is None:
+                        why = (f"is not one of {given} ({', '.join(names[:10])})" if given else
+                               f"never appears in the training split ({src['train']})")
+                        raise DataError(f"{src[part]}: row {i + 1}: label {v!r} {why}; fix the label or the names")
+                    ids[i] = j
+                split.labels = ids
+        else:
+            for part, split in (("train", train), ("eval", ev)):
+                bad = np.flatnonzero((split.labels < 0) | (split.labels >= num_labels))
+                if bad.size:
+                    v = split.labels[bad[0]]
+                    inferred = not (names or spec.num_labels)
+                    why = (f"never appears in the training split ({src['train']}: 0..{num_labels - 1})"
+                           if inferred and part == "eval" and v >= 0 else f"is out of range 0..{num_labels - 1}")
+                    raise DataError(f"{src[part]}: row {bad[0] + 1}: label {v} {why}"
+                                    + ("; fix the label or set data.num_labels" if inferred and part == "eval" else ""))
+        if num_labels < 2:
+            raise DataError(f"{src['train']}: only one class in the labels; a classifier needs two or more")
+        if not named and not (names or spec.num_labels):
             # Inferred as max + 1: a stray large label would silently make a huge head.
-            present = set(np.unique(self.train_full.labels).tolist())
-            if len(present) < self.num_labels:
+            present = set(np.unique(train.labels).tolist())
+            if len(present) < num_labels:
                 absent = []  # the first few; at most len(present) + 6 steps, whatever the labels
-                for c in range(self.num_labels):
+                for c in range(num_labels):
                     if c not in present:
                         absent.append(c)
                         if len(absent) > 5:
                             break
                 shown = ", ".join(map(str, absent[:5])) + (", ..." if len(absent) > 5 else "")
                 raise DataError(
-                    f"{self.sources['train']}: labels should be 0..{self.num_labels - 1}, but class {shown} never "
+                    f"{src['train']}: labels should be 0..{num_labels - 1}, but class {shown} never "
                     f"appears in the training split; fix the labels or set data.num_labels"
                 )
-
-        # A fixed permutation of the training split: its head is the training subset,
-        # its tail the calibration pool, so the two never overlap when data allows.
-        order = np.random.default_rng(spec.seed).permutation(len(self.train_full))
-        n = min(spec.max_train_examples or len(order), len(order))
-        self._order = order
-        self.train = self.train_full.select(order[:n])
-        self._fingerprints()
-        self._check_overlap()
+        self.num_labels = num_labels
+        self.label_names: list[str] | None = [str(n) for n in names] if names else None
 
     @staticmethod
     def _row_keys(split: Split) -> list[str]:
@@ -257,21 +379,34 @@ class Data:
                 f"split; the accuracy on those measures memory, not generalisation"
             )
 
+    @property
+    def id2label(self) -> dict[int, str] | None:
+        """{id: class name} for the models' config.json, or None when the classes are unnamed."""
+        return dict(enumerate(self.label_names)) if self.label_names else None
+
     # Examples right after the training subset in the fixed order, kept for calibration
     # (quantization ranges, parity checks, cascade thresholds): `train_pool` never trains on
     # them, so a stage that calibrates never sees examples a model learned.
     CALIBRATION_RESERVE = 2000
 
+    @property
+    def _reserve(self) -> int:
+        # Whole held-out sentences calibrate instead: no training row need be set aside.
+        return 0 if self.holdout_calibration is not None else self.CALIBRATION_RESERVE
+
     def train_pool(self, n: int | None) -> Split:
         """The training subset, then further examples of the training split in the fixed
         order, n in all (None: as many as there are), skipping the calibration reserve."""
-        start = min(len(self.train) + self.CALIBRATION_RESERVE, len(self._order))
+        start = min(len(self.train) + self._reserve, len(self._order))
         pool = np.concatenate([self._order[: len(self.train)], self._order[start:]])
         return self.train_full.select(pool[: len(pool) if n is None else n])
 
     def calibration(self, n: int) -> Split:
         """n training examples outside the training subset (or from it, if none are left);
-        the first CALIBRATION_RESERVE of them are never in `train_pool`."""
+        the first CALIBRATION_RESERVE of them are never in `train_pool`. With
+        `data.holdout.calibration`, the held-out whole sentences (at most that many)."""
+        if self.holdout_calibration is not None:
+            return self.holdout_calibration.select(range(min(n, len(self.holdout_calibration))))
         pool = self._order[len(self.train):]
         if len(pool) < n:
             pool = np.concatenate([pool, self._order[: n - len(pool)]])
@@ -292,23 +427,75 @@ class Data:
         h = hashlib.sha256()
         self._hash_split(h, self.train_full)
         h.update(f"{self.spec.seed}/{len(self.train)}/{self.num_labels}".encode())
+        hold = self.spec.holdout
+        if hold.calibration or hold.check:  # absent otherwise: fingerprints of older runs stay valid
+            h.update(f"/holdout {hold.calibration} {hold.check}".encode())
+        if self.label_names:  # class names go into every variant's config.json (unnamed: as before)
+            h.update(repr(self.label_names).encode())
         self.train_fingerprint = h.hexdigest()
         h = hashlib.sha256()
         self._hash_split(h, self.eval)
         h.update(f"{self.num_labels}".encode())
+        if self.label_names:
+            h.update(repr(self.label_names).encode())
         self.eval_fingerprint = h.hexdigest()
         self.fingerprint = hashlib.sha256((self.train_fingerprint + self.eval_fingerprint).encode()).hexdigest()
 
     def describe(self) -> dict:
+        held = {}
+        if self.holdout_calibration is not None:
+            held = {"holdout_calibration": len(self.holdout_calibration), "holdout_check": len(self.holdout_check),
+                    "holdout_dropped_rows": self.holdout_dropped}
         return {
+            **held,
             "sources": self.sources,
             "train_examples": len(self.train),
             "train_split_examples": len(self.train_full),
             "eval_examples": len(self.eval),
             "num_labels": self.num_labels,
+            "label_names": self.label_names,
+            "config": self.spec.config,
+            "revision": self.spec.revision,
+            "eval_unk_share": getattr(self, "eval_unk_share", None),
             "seed": self.spec.seed,
             "fingerprint": self.fingerprint,
             "train_fingerprint": self.train_fingerprint,
             "eval_fingerprint": self.eval_fingerprint,
             "overlap": self.overlap,
         }
+
+
+def carve_sentences(split: Split, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Picks n whole sentences of a training split, and every row learned from them.
+
+    Treebank data (SST-2) lists each sentence and then every phrase of its parse as rows
+    of their own: scoring a model on a sentence whose phrases it trained on measures
+    recall, not generalisation. A whole sentence is a row whose tokens are not a
+    contiguous span of a longer row's (rows of text pairs are all whole). Returns
+    (the picked rows in a seeded order [n'], every row to keep out of training: the
+    picked ones and each row whose text is a span of one of them [m]). Written here
+    because no data library knows phrase-level treebank rows.
+    """
+    rng = np.random.default_rng(seed + 1)  # not the training order's stream
+    tokens = [" ".join(t.split()) for t in split.texts]
+    if split.pairs is not None:
+        whole = np.arange(len(tokens))
+    else:
+        spans: set[str] = set()
+        for t in tokens:  # every proper contiguous span of every row: O(sum of len^2), seconds for SST-2
+            w = t.split()
+            for i in range(len(w)):
+                for j in range(i + 1, len(w) + 1 - (i == 0)):
+                    spans.add(" ".join(w[i:j]))
+        whole = np.array([i for i, t in enumerate(tokens) if t and t not in spans], dtype=np.int64)
+    picked = whole[rng.permutation(len(whole))[: min(n, len(whole))]]
+    if split.pairs is not None:
+        return picked, picked
+    inside: set[str] = set()
+    for i in picked:
+        w = tokens[i].split()
+        for a in range(len(w)):
+            for b in range(a + 1, len(w) + 1):
+                inside.add(" ".join(w[a:b]))
+    dropped = np.array([i for i, t in enumerate(tokens) if t in inside], dtype=np.int64)
+    return picked, dropped

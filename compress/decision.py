@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from compress.errors import EXIT_BUDGET, EXIT_OK
+from compress.formats import RUNTIMES
 
 OBJECTIVE_KEY = {"min_cost": "usd_per_1k", "min_latency": "p95_ms", "min_size": "size_mb"}
 
@@ -61,7 +62,8 @@ def build_rows(
             r = results.get((v["id"], device))
             if r is None:
                 continue
-            row: dict[str, Any] = {**v, "device": device, "ok": bool(r.get("ok")), "notes": list(r.get("notes", []))}
+            row: dict[str, Any] = {**v, "runtime": RUNTIMES.get(v["format"], v["format"]), "device": device,
+                                   "ok": bool(r.get("ok")), "notes": list(r.get("notes", []))}
             if not r.get("ok"):
                 row["error"] = r.get("error", "unknown error")
                 rows.append(row)
@@ -95,7 +97,8 @@ def build_rows(
                                     f"batch 1, one request at a time")
             if r.get("routed_share") is not None:  # a cascade: share sent on to its large model
                 row["routed_share"] = r["routed_share"]
-                row["notes"].append(f"{r['routed_share']:.0%} of the eval inputs went on to the large model")
+                if not (v.get("refs") or {}).get("large"):  # else compare_members says it with the figures
+                    row["notes"].append(f"{r['routed_share']:.0%} of the eval inputs went on to the large model")
             if base_correct is not None:
                 correct = np.array(r["predictions"]) == labels
                 row["delta"] = row["accuracy"] - base["accuracy"]
@@ -126,9 +129,114 @@ def build_rows(
         s = r.get("speedup_vs_input")
         if s is not None and s < 1.0:
             r["notes"].append(f"not faster than its input '{r['source']}' at batch 1 ({s:.2f}x)")
+        if r.get("not_smaller"):  # the stage's own word (e.g. distill on ALBERT's shared layers)
+            r["notes"].append(f"not smaller than its input '{r['source']}': {r['not_smaller']}")
         if r.get("effective_device") not in (None, r["device"]):
             r["notes"].append(f"runs on {r['effective_device']} although benchmarked on {r['device']} (fallback)")
+    _compare_runtimes(variants, rows, results, labels, bench["bootstrap_samples"], paired)
+    compare_members(rows)
     return rows
+
+
+# Stages that change a model's runtime or graph but not what it computes (up to rounding),
+# and those that quantize it: a variant's lineage through them says which variants of the
+# other runtime are the same model at the same precision.
+_CONVERSIONS = {"export_onnx", "optimize_onnx", "export_openvino"}
+_QUANTIZATIONS = {"quantize_onnx", "quantize_openvino"}
+
+
+def _lineage(vid: str, by_id: dict[str, dict]) -> tuple[str | None, bool] | None:
+    """(the model the variant was converted from, whether it was quantized on the way), for
+    an ONNX or OpenVINO variant; None for any other."""
+    v = by_id.get(vid)
+    if v is None or v["format"] not in ("onnx", "openvino"):
+        return None
+    quantized = False
+    while v is not None and v["format"] in ("onnx", "openvino"):
+        if v["stage"] not in _CONVERSIONS | _QUANTIZATIONS:
+            return None  # a stage this comparison does not know
+        quantized = quantized or v["stage"] in _QUANTIZATIONS
+        source = v["source"]
+        v = by_id.get(source)
+    return source, quantized
+
+
+def _compare_runtimes(variants: list[dict], rows: list[dict], results: dict, labels: np.ndarray, samples: int,
+                      paired: dict) -> None:
+    """Compares every OpenVINO row with its onnxruntime siblings on the same device: the
+    variants converted from the same model and quantized (or not) the same way (e.g. OpenVINO
+    INT8 of the baseline and onnxruntime INT8 of the baseline). Adds `vs_runtime` to the row,
+    and a note: the accuracy difference with its paired bootstrap interval, the batch-1
+    speed ratio (from the paired rounds, as speed-ups against the input are: the quotient of
+    the two variants' paired speed-ups, with its range over the rounds) and the throughput
+    ratio at the largest batch size."""
+    by_id = {v["id"]: v for v in variants}
+    lineage = {v["id"]: _lineage(v["id"], by_id) for v in variants}
+    by_key = {(r["id"], r["device"]): r for r in rows if r["ok"]}
+    for r in rows:
+        if not r["ok"] or r["format"] != "openvino" or lineage.get(r["id"]) is None:
+            continue
+        siblings = [o for o in rows if o["ok"] and o["device"] == r["device"] and o["format"] == "onnx"
+                    and lineage.get(o["id"]) == lineage[r["id"]]]
+        for o in siblings:
+            mine, theirs = results[(r["id"], r["device"])], results[(o["id"], o["device"])]
+            correct = [np.array(m["predictions"]) == labels for m in (theirs, mine)]
+            entry: dict[str, Any] = {
+                "id": o["id"], "runtime": o["runtime"], "delta": r["accuracy"] - o["accuracy"],
+                "delta_ci95": list(paired_bootstrap(correct[0], correct[1], samples)),
+            }
+            key, other = (r["id"], r["device"]), (o["id"], o["device"])
+            if key in paired and other in paired:
+                entry["speedup_b1"] = paired[key] / paired[other]
+                entry["paired"] = True
+                a, b = (results[k]["paired_speedup"].get("rounds") or [] for k in (key, other))
+                if len(a) == len(b) and a:  # round i of both: timed in the same benchmark round
+                    entry["speedup_b1_rounds"] = [x / y for x, y in zip(a, b)]
+            else:
+                entry["speedup_b1"] = by_key[other]["latency_ms"]["p50"] / r["latency_ms"]["p50"]
+                entry["paired"] = False
+            entry["throughput_ratio"] = {bs: t / o["throughput"][bs] for bs, t in r["throughput"].items()
+                                         if o["throughput"].get(bs)}
+            r.setdefault("vs_runtime", []).append(entry)
+            lo, hi = entry["delta_ci95"]
+            text = (f"vs {o['runtime']} '{o['id']}' (same model, same precision): accuracy "
+                    f"{entry['delta']:+.2f} points [{lo:+.2f}, {hi:+.2f}]; batch 1 {entry['speedup_b1']:.2f}x as fast")
+            rounds = entry.get("speedup_b1_rounds")
+            if rounds:
+                text += (f" (paired rounds {min(rounds):.2f}x to {max(rounds):.2f}x)" if len(rounds) > 1
+                         else " (one paired round)")
+            elif not entry["paired"]:
+                text += " (separate p50s)"
+            sizes = sorted(entry["throughput_ratio"], key=int)
+            if sizes and sizes[-1] != "1":
+                text += f"; batch {sizes[-1]} throughput {entry['throughput_ratio'][sizes[-1]]:.2f}x"
+            r["notes"].append(text)
+
+
+def compare_members(rows: list[dict]) -> None:
+    """A cascade's row against its two members' rows on the same device, in place: the
+    share of eval inputs routed to the large member, and accuracy and $/1K beside each
+    member's (`members`, and a note). The small member is the row's `source`, the large
+    one its `refs.large`."""
+    by_key = {(r["id"], r["device"]): r for r in rows if r.get("ok")}
+    for r in rows:
+        large_id = (r.get("refs") or {}).get("large")
+        if not r.get("ok") or r.get("routed_share") is None or not large_id:
+            continue
+        members = {role: by_key.get((vid, r["device"])) for role, vid in (("small", r.get("source")), ("large", large_id))}
+        r["members"] = {role: None if m is None else {"id": m["id"], "accuracy": m["accuracy"],
+                                                       "usd_per_1k": m.get("usd_per_1k")}
+                        for role, m in members.items()}
+        small, large = members["small"], members["large"]
+        fig = [f"{r['routed_share']:.0%} of the eval inputs went on to '{large_id}'"]
+        if small and large:
+            fig.append(f"accuracy {r['accuracy']:.2f} against {small['accuracy']:.2f} ('{small['id']}') and "
+                       f"{large['accuracy']:.2f} ('{large['id']}')")
+            costs = (r.get("usd_per_1k"), small.get("usd_per_1k"), large.get("usd_per_1k"))
+            if None not in costs:
+                fig.append(f"$/1K {costs[0]:.4f} against {costs[1]:.4f} and {costs[2]:.4f} "
+                           f"({costs[0] / costs[2]:.2f}x the large member's)")
+        r["notes"].append("; ".join(fig))
 
 
 def decide(rows: list[dict], recipe: dict, available_devices: list[str], eval_examples: int | None = None) -> dict:
@@ -219,6 +327,12 @@ def decide(rows: list[dict], recipe: dict, available_devices: list[str], eval_ex
             f"on {budget['objective']} ({_fmt(key, selected[key])} vs {_fmt(key, base[key])}): "
             "keeping the baseline is as good a choice here"
         )
+
+    # A compressing stage that says its output is no smaller (shared layers): a deployment
+    # of it is not a size win, and the decision says so beside the pick.
+    if selected is not None and selected.get("not_smaller"):
+        notes.append(f"'{selected['id']}' is deployed, but it is not smaller than its input "
+                     f"'{selected['source']}': {selected['not_smaller']}")
 
     best_failed = None
     if selected is None:

@@ -78,37 +78,60 @@ def _where(source: str, out_dir: Path) -> str:
         return str(p.resolve())
 
 
-def _load_data(dataset: str, text: str, label: str):
+# Column pairs of common pair tasks (GLUE's MRPC/RTE/STS-B, MNLI, QQP, QNLI), tried when the
+# text column is left at its default and the data has no `sentence` column.
+KNOWN_PAIRS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question1", "question2"),
+               ("question", "sentence"))
+
+
+def _load_data(dataset: str, text: str, label: str, text_pair: str | None = None, config: str | None = None,
+               guess_pair: bool = False):
+    """(Data, eval split, text column, text pair column)."""
     from compress.data import Data
     from compress.recipe import DataSpec
 
-    last: DataError | None = None
-    for eval_split in ("validation", "test"):
-        spec = DataSpec(dataset=dataset, text=text, label=label, eval_split=eval_split)
-        try:
-            return Data(spec, Path.cwd()), eval_split
-        except DataError as exc:
-            msg = str(exc).replace("set data.text / data.label to the right names", "name them with --text / --label")
-            if "no file for split" in msg or "cannot load" in msg:
-                last = DataError(msg)
-                continue
-            raise DataError(msg) from None
-    assert last is not None
-    raise last
+    candidates = [(text, text_pair)]
+    if guess_pair and text_pair is None:
+        candidates += list(KNOWN_PAIRS)
+    first_missing: DataError | None = None
+    for text_col, pair_col in candidates:
+        last: DataError | None = None
+        for eval_split in ("validation", "test"):
+            spec = DataSpec(dataset=dataset, config=config, text=text_col, text_pair=pair_col, label=label,
+                            eval_split=eval_split)
+            try:
+                return Data(spec, Path.cwd()), eval_split, text_col, pair_col
+            except DataError as exc:
+                msg = str(exc).replace("set data.text / data.label to the right names",
+                                       "name them with --text / --text-pair / --label")
+                if "no file for split" in msg or "cannot load" in msg:
+                    last = DataError(msg)
+                    continue
+                if "missing column" in msg:
+                    first_missing = first_missing or DataError(msg)
+                    break  # the next pair of columns
+                raise DataError(msg) from None
+        else:
+            assert last is not None
+            raise last
+    assert first_missing is not None
+    raise first_missing  # about the columns asked for, not the guesses
 
 
 def _flow(d: dict) -> str:
     return yaml.safe_dump(d, default_flow_style=True, width=10_000, sort_keys=False).strip()
 
 
-def build(model: str, dataset: str, text: str, label: str, output: Path, mach: dict | None = None) -> str:
-    """The recipe text (validated)."""
+def build(model: str, dataset: str, text: str, label: str, output: Path, mach: dict | None = None,
+          text_pair: str | None = None, config: str | None = None, guess_pair: bool = False) -> str:
+    """The recipe text (validated). `guess_pair`: the text column was not given, so a
+    common pair of columns (premise/hypothesis, ...) is tried when `text` is missing."""
     from compress.recipe import ModelSpec, validate_recipe
     from compress.registry import registry
     from compress.sources import peek_model_format
 
     mach = mach or machine()
-    data, eval_split = _load_data(dataset, text, label)
+    data, eval_split, text, text_pair = _load_data(dataset, text, label, text_pair, config, guess_pair)
     fmt = peek_model_format(ModelSpec(source=model), Path.cwd())
     size = sizes(len(data.train_full), mach)
     max_length = token_length(data.train_full.texts, data.train_full.pairs)
@@ -116,10 +139,17 @@ def build(model: str, dataset: str, text: str, label: str, output: Path, mach: d
     name = re.sub(r"[^A-Za-z0-9_-]", "_", name).strip("_-")[:64] or "compress"
 
     stages: list[tuple[dict, str]] = []  # (stage, comment)
-    needs_finetune = fmt != "hf"
+    head = None
+    if fmt == "hf":
+        from compress.sources import head_labels, peek_model_config
+
+        head = head_labels(peek_model_config(ModelSpec(source=model), Path.cwd()) or {})
+    # A classifier is its own baseline only when its head has the data's classes.
+    needs_finetune = fmt != "hf" or len(head or ()) != data.num_labels
     base = "baseline" if needs_finetune else "model"
     if needs_finetune:
         why = ("the model has no classification head" if fmt == "checkpoint"
+               else f"the model's classification head has {len(head)} labels, the data {data.num_labels}" if head
                else "the model is not at hand to check: fine-tuning works on a checkpoint or a classifier")
         stages.append(({"id": "baseline", "uses": "finetune", "with": {
             "epochs": size["epochs"], "lr": 1.0e-4, "batch_size": 32, "max_length": max_length}},
@@ -155,7 +185,7 @@ def build(model: str, dataset: str, text: str, label: str, output: Path, mach: d
     # not support) is left out with a note rather than written broken.
     while True:
         text_out = _render(model, dataset, text, label, eval_split, name, stages, size, max_length, base,
-                           output, mach, skipped, len(data.train_full), fmt)
+                           output, mach, skipped, len(data.train_full), fmt, text_pair, config, data.label_names)
         try:
             validate_recipe(yaml.safe_load(text_out), str(output), output)
             return text_out
@@ -171,7 +201,7 @@ def build(model: str, dataset: str, text: str, label: str, output: Path, mach: d
 
 
 def _render(model, dataset, text, label, eval_split, name, stages, size, max_length, base, output, mach,
-            skipped, n_train, fmt) -> str:
+            skipped, n_train, fmt, text_pair=None, config=None, label_names=None) -> str:
     out_dir = output.parent
     q = json.dumps  # a JSON string is a valid YAML scalar, whatever characters it holds
     cap = size["max_train_examples"]
@@ -189,8 +219,12 @@ def _render(model, dataset, text, label, eval_split, name, stages, size, max_len
         "",
         "data:",
         f"  dataset: {q(_where(dataset, out_dir))}",
+        *([f"  config: {q(config)}                # the dataset's configuration"] if config else []),
         f"  text: {q(text)}",
+        *([f"  text_pair: {q(text_pair)}          # second text of each pair"] if text_pair else []),
         f"  label: {q(label)}",
+        *([f"  label_names: {_flow(label_names)}   # class names in id order: every variant's config.json "
+           f"records them"] if label_names else []),
         "  train_split: train",
         f"  eval_split: {eval_split}                # every variant is scored on it",
         f"  max_train_examples: {'null' if cap is None else cap}"
@@ -227,12 +261,13 @@ def _render(model, dataset, text, label, eval_split, name, stages, size, max_len
     return "\n".join(lines)
 
 
-def write(model: str, dataset: str, text: str, label: str, output: Path, force: bool = False) -> str:
+def write(model: str, dataset: str, text: str, label: str, output: Path, force: bool = False,
+          text_pair: str | None = None, config: str | None = None, guess_pair: bool = False) -> str:
     if output.exists() and not force:
         raise CompressError(f"{output} exists; choose another --output or pass --force to overwrite it")
     # The folder first: the recipe's relative paths are checked from it.
     output.parent.mkdir(parents=True, exist_ok=True)
-    text_out = build(model, dataset, text, label, output)
+    text_out = build(model, dataset, text, label, output, text_pair=text_pair, config=config, guess_pair=guess_pair)
     tmp = output.with_name(output.name + ".part")
     tmp.write_text(text_out, encoding="utf-8")
     tmp.rename(output)

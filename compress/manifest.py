@@ -8,7 +8,7 @@ from importlib import metadata
 
 PACKAGES = (
     "compress", "torch", "transformers", "tokenizers", "safetensors", "accelerate", "datasets",
-    "onnx", "onnxruntime", "onnxruntime-gpu", "optimum", "optimum-onnx", "bitsandbytes",
+    "onnx", "onnxruntime", "onnxruntime-gpu", "optimum", "optimum-onnx", "openvino", "nncf", "bitsandbytes",
     "numpy", "scikit-learn", "pydantic",
 )
 

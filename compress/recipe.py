@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator,
+                      model_validator)
 
 from compress.errors import ModelSourceError, RecipeError
 from compress.registry import Format, StageConfig, get_stage, registry
@@ -24,12 +25,13 @@ RESERVED_IDS = {MODEL_ID, "bench", "reports"}
 # so named cannot be created there, or writes to the device.
 WINDOWS_DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; a bigger file is not one
-BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "bnb_4bit", "cascade")
+BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade")
 # Why a format cannot go further down a chain, added to "takes X, but Y gives Z" errors.
 FORMAT_HINTS: dict[str, str] = {
     "bnb_4bit": "a bitsandbytes 4-bit model is an end point: its packed 4-bit weights have no ONNX "
     "export and quantizing them again only adds error; take the stage it was loaded from instead",
     "onnx": "an ONNX graph does not go back to torch: put torch stages before export_onnx",
+    "openvino": "an OpenVINO model goes back neither to torch nor to ONNX: put those stages before export_openvino",
 }
 
 
@@ -55,6 +57,24 @@ class ModelSpec(Strict):
     )
 
 
+class HoldoutSpec(Strict):
+    calibration: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Whole sentences of the training split used as the calibration slice (quantization "
+        "ranges, parity checks, cascade thresholds) instead of random training rows: shaped like an eval "
+        "split of whole sentences, and never trained on.",
+    )
+    check: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="Further whole sentences that the run never uses, kept for `eval/heldout.py`, which "
+        "scores a finished run's variants on them and says what the recipe would deploy there.",
+    )
+
+
 class DataSpec(Strict):
     dataset: str = Field(
         description="A hub dataset id (`stanfordnlp/sst2`), or a local folder "
@@ -69,9 +89,25 @@ class DataSpec(Strict):
         "COMPRESS_DATA_DIR names further folders (os.pathsep-separated) searched for a "
         "sub-folder named like the dataset (`sst2` for `stanfordnlp/sst2`).",
     )
+    config: str | None = Field(
+        None,
+        description="Configuration of a hub dataset that has several (`mnli` of `nyu-mll/glue`), passed to "
+        "datasets.load_dataset. With COMPRESS_DATA_DIR, the local copy is looked for as `glue/mnli`, then `mnli`.",
+    )
+    revision: str | None = Field(None, description="Hub dataset revision (branch, tag or commit).")
     text: str = Field("sentence", description="Column holding the text.")
     text_pair: str | None = Field(None, description="Second text column, for pair tasks.")
-    label: str = Field("label", description="Column holding integer labels 0..num_labels-1.")
+    label: str = Field(
+        "label",
+        description="Column holding the labels: integers 0..num_labels-1, or class names (`positive`), "
+        "which become ids in sorted order (or in the order of `label_names`).",
+    )
+    label_names: list[str] | None = Field(
+        None,
+        description="Class names in id order (`[negative, positive]`): they name integer labels and order "
+        "named ones, and every variant's config.json records them (id2label), so a transformers pipeline "
+        "answers `positive` rather than LABEL_1.",
+    )
     train_split: str = Field("train", description="Split used for training and calibration.")
     eval_split: str = Field("validation", description="Split every variant is scored on.")
     max_train_examples: PositiveInt | None = Field(
@@ -88,6 +124,35 @@ class DataSpec(Strict):
         None, description="Number of classes; inferred from the labels when unset."
     )
     seed: int = Field(0, description="Seed of the training subset and of the calibration slice.")
+    holdout: HoldoutSpec = Field(
+        default_factory=HoldoutSpec,
+        description="Whole sentences carved out of the training split before anything trains. A whole "
+        "sentence is a row that no longer row contains (treebank data such as SST-2 also lists every "
+        "phrase of a sentence as a row; other data: every row). Every training row that is a span of a "
+        "carved sentence is dropped too, so no phrase of it is learned.",
+    )
+
+    @field_validator("label_names")
+    @classmethod
+    def _names(cls, v):
+        if v is not None:
+            if len(v) < 2:
+                raise ValueError("a classifier needs two or more class names")
+            if any(not n.strip() for n in v):
+                raise ValueError("a class name is empty")
+            dup = next((n for i, n in enumerate(v) if n.lower() in (m.lower() for m in v[:i])), None)
+            if dup is not None:
+                raise ValueError(f"'{dup}' is given twice (names are compared case-blind)")
+            if any(n.strip().lstrip("-").isdigit() for n in v):
+                raise ValueError("class names must not be integers: integer labels are ids")
+        return v
+
+    @model_validator(mode="after")
+    def _names_and_count(self):
+        if self.label_names and self.num_labels and self.num_labels != len(self.label_names):
+            raise ValueError(f"num_labels is {self.num_labels} but label_names has {len(self.label_names)} names; "
+                             f"drop num_labels")
+        return self
 
 
 class StageSpec(Strict):
@@ -142,7 +207,7 @@ class BenchmarkSpec(Strict):
         "(added when missing).",
     )
     max_length: PositiveInt = Field(128, description="Tokenizer truncation length at inference.")
-    warmup: int = Field(10, ge=0, description="Untimed batches before each timed pass.")
+    warmup: int = Field(10, ge=0, description="Untimed batches before each timed pass (besides one batch of every other input shape in it).")
     max_latency_examples: PositiveInt | None = Field(
         300,
         description="Eval sentences timed one by one for the batch-1 latency percentiles "
@@ -578,17 +643,29 @@ def _check_graph(recipe: Recipe, where: str) -> None:
                 )
 
     # Stage checks against the input model's config.json (e.g. a supported architecture),
-    # where it is at hand: today, for stages that take the recipe's model.
+    # where it is at hand: for stages that take the recipe's model, and for stages whose input
+    # comes from it through stages that keep the architecture (finetune, distill, prune, ...).
+    # Through such stages only the model type is passed on: sizes (layers) may have changed.
     model_config: dict | None = None
     for i, spec in enumerate(recipe.stages):
         check = get_stage(spec.uses).check_model
-        if check is None or spec.source != MODEL_ID:
+        if check is None:
+            continue
+        ref = spec.source
+        while ref != MODEL_ID:
+            up = recipe.stage(ref)
+            keeps = get_stage(up.uses).keeps_architecture
+            if keeps is None or not keeps(up.config):
+                break
+            ref = up.source
+        if ref != MODEL_ID:
             continue
         if model_config is None:
             from compress.sources import peek_model_config
 
             model_config = peek_model_config(recipe.model, recipe.base_dir) or {}
-        problem = check(spec.config, model_config) if model_config else None
+        seen = model_config if spec.source == MODEL_ID else {"model_type": model_config.get("model_type")}
+        problem = check(spec.config, seen) if model_config else None
         if problem:
             key, _, message = problem.partition(": ")  # "KEY: why" names a config key
             if key in type(spec.config).model_fields:
@@ -604,3 +681,91 @@ def _check_graph(recipe: Recipe, where: str) -> None:
             where, "budget.baseline",
             f"'{base}' gives {fmt}, which cannot be benchmarked; name a fine-tuned classifier",
         )
+
+    from compress.sources import peek_model_config, peek_tokenizer
+
+    model_config = peek_model_config(recipe.model, recipe.base_dir) if model_format else None
+    if model_config:
+        check_lengths(recipe, model_config, where)
+        if model_format == "hf" and head_used_as_is(recipe):
+            check_head(recipe, model_config, where)
+
+    if any(get_stage(s.uses).check_tokenizer for s in recipe.stages):
+        tokenizer = peek_tokenizer(recipe.model, recipe.base_dir)
+        if tokenizer:
+            check_tokenizer(recipe, tokenizer, where)
+
+
+def check_tokenizer(recipe: Recipe, tokenizer: dict, where: str) -> None:
+    """Stage checks against the recipe's model's tokenizer.json (as a dict; e.g. a tokenizer
+    kind that trim_vocab cannot trim), for the stages that get that tokenizer unchanged."""
+    for i, spec in enumerate(recipe.stages):
+        check = get_stage(spec.uses).check_tokenizer
+        ref = spec.source
+        while ref != MODEL_ID and not get_stage(recipe.stage(ref).uses).new_tokenizer:
+            ref = recipe.stage(ref).source
+        if check is None or ref != MODEL_ID:
+            continue
+        problem = check(spec.config, tokenizer)
+        if problem:
+            key, _, message = problem.partition(": ")
+            if key in type(spec.config).model_fields:
+                raise RecipeError(where, f"stages[{i}].with.{key}", message)
+            raise RecipeError(where, f"stages[{i}].uses", problem)
+
+
+def head_used_as_is(recipe: Recipe) -> bool:
+    """Whether the recipe's model's own classification head is benchmarked or read by a
+    stage that keeps it (anything but a stage that fits a new head, such as finetune)."""
+    if recipe.budget.baseline == MODEL_ID:
+        return True
+    return any(
+        MODEL_ID in (spec.source, *spec.config.refs().values()) and not get_stage(spec.uses).new_head
+        for spec in recipe.stages
+    )
+
+
+def check_head(recipe: Recipe, model_config: dict, where: str) -> None:
+    """A classifier used as it is must have the data's label count (and names), where the
+    recipe says them (data.label_names, data.num_labels); the data itself is checked at run time."""
+    from compress.sources import head_labels
+
+    head = head_labels(model_config)
+    data = recipe.data
+    n = len(data.label_names) if data.label_names else data.num_labels
+    key = "data.label_names" if data.label_names else "data.num_labels"
+    if n is not None and n != len(head):
+        raise RecipeError(
+            where, key, f"{n} classes, but the model's classification head has {len(head)} ({', '.join(head[:6])}); "
+            f"add a finetune stage (it fits a new head) and take the baseline from it, or fix {key}"
+        )
+    named = not all(re.fullmatch(r"LABEL_\d+", h) for h in head)
+    if data.label_names and named and [x.lower() for x in data.label_names] != [h.lower() for h in head]:
+        raise RecipeError(where, key, f"differ from the model's own id2label ({', '.join(head)}); remove "
+                          f"data.label_names or fine-tune a new head")
+
+
+def length_settings(recipe: Recipe) -> list[tuple[str, int]]:
+    """(recipe key, value) of every token-length setting: benchmark.max_length and each
+    stage's max_length (defaults included: they are used as much as written values)."""
+    out = [("benchmark.max_length", recipe.benchmark.max_length)]
+    for i, spec in enumerate(recipe.stages):
+        value = getattr(spec.config, "max_length", None)
+        if isinstance(value, int):
+            out.append((f"stages[{i}].with.max_length", value))
+    return out
+
+
+def check_lengths(recipe: Recipe, model_config: dict, where: str) -> None:
+    """Every length setting within the model's position table: past it, a long input is a
+    tensor-size crash deep inside the model (or silently wrong positions)."""
+    from compress.sources import position_limit
+
+    limit = position_limit(model_config)
+    if limit is None:
+        return
+    most, why = limit
+    for key, value in length_settings(recipe):
+        if value > most:
+            raise RecipeError(where, key, f"{value} tokens is more than the model takes ({most}: {why}); "
+                              f"set it to {most} or less")

@@ -8,6 +8,7 @@ check that a stage is fed something it can take before any model loads:
 - `hf`: a transformers sequence-classification folder (safetensors + tokenizer).
 - `torch_int8`: torch dynamic INT8 weights as safetensors (see formats/torch_int8.py).
 - `onnx`: an ONNX model folder with its tokenizer.
+- `openvino`: an OpenVINO IR folder (model.xml + model.bin) with its tokenizer.
 - `bnb_4bit`: a bitsandbytes 4-bit model (loaded from an `hf` folder plus its settings).
 - `cascade`: two variants combined by a confidence threshold.
 """
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:  # pragma: no cover
     from compress.context import StageContext
 
-Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "bnb_4bit", "cascade"]
+Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade"]
 
 
 class StageConfig(BaseModel):
@@ -68,11 +69,23 @@ class StageKind:
     # with the `from` chain, nearest first, as (stage kind name, its config) pairs (the
     # recipe's model ends it as ('model', None)): returns why the order is refused, or None.
     check_input: Callable[[list[tuple[str, StageConfig | None]]], str | None] | None = None
+    # Whether the output has the input's architecture (config.json's model_type) under this
+    # config: validation follows the `from` chain up through such stages to the recipe's
+    # model, so `check_model` refuses an unsupported family before any stage trains. None:
+    # the architecture may change (or is not an `hf` model), and the chain stops there.
+    keeps_architecture: Callable[[StageConfig], bool] | None = None
+    # Optional validation against the tokenizer.json (as a dict) of the tokenizer the stage
+    # gets, when that is the recipe's model's and at hand: returns a problem ("key: why") or None.
+    check_tokenizer: Callable[[StageConfig, dict], str | None] | None = None
+    # The stage fits a new classification head for the data (finetune): a classifier given
+    # to it need not have the data's label count.
+    new_head: bool = False
     # The output has another tokenizer than the input (trim_vocab): the stages downstream
     # of it no longer share token ids with the rest of the recipe.
     new_tokenizer: bool = False
-    # The config refs must use the `from` input's tokenizer (cascade tokenises once for
-    # both members); checked at validation through `new_tokenizer` on the way up.
+    # The config refs must use the `from` input's tokenizer (for a kind that tokenises once
+    # for its input and its refs); checked at validation through `new_tokenizer` on the way
+    # up. No kind needs it today: a cascade's members each tokenize for themselves.
     refs_share_tokenizer: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

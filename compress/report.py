@@ -32,16 +32,25 @@ def _cost(r: dict) -> str:
     return f"${r['usd_per_1k']:.5f} @b{r['operating_point']['batch_size']}"
 
 
+def _format(r: dict) -> str:
+    """The format and, where the format's name does not say it, the runtime that ran it:
+    `onnx (onnxruntime)`, `hf (torch)`, `openvino`. (Reports from before rows named their
+    runtime show the format alone.)"""
+    runtime = r.get("runtime")
+    return r["format"] if runtime in (None, r["format"]) else f"{r['format']} ({runtime})"
+
+
 def table_rows(report: dict) -> list[list[str]]:
     out = []
     for r in report["rows"]:
+        fmt = _format(r)
         if not r["ok"]:
-            out.append([r["id"], r["format"], r["device"], "-", "-", "-", "-", "-", "-", "-", r["verdict"]])
+            out.append([r["id"], fmt, r["device"], "-", "-", "-", "-", "-", "-", "-", r["verdict"]])
             continue
         lat = r["latency_ms"]
         tput = max(r["throughput"].values())
         out.append([
-            r["id"], r["format"], r["device"], f"{r['accuracy']:.2f}", _delta(r), f"{r['size_mb']:.1f}",
+            r["id"], fmt, r["device"], f"{r['accuracy']:.2f}", _delta(r), f"{r['size_mb']:.1f}",
             f"{lat['p50']:.2f} / {lat['p95']:.2f} / {lat['p99']:.2f}",
             _num(r.get("speedup_vs_baseline"), ".2f") + "x" if r.get("speedup_vs_baseline") else "-",
             f"{tput:,.0f}", _cost(r), r["verdict"],
@@ -53,7 +62,34 @@ HEADERS = ["variant", "format", "device", "acc %", "delta pts [95% CI]", "MB", "
            "speed-up", "seq/s", "$/1K", "verdict"]
 
 
+def _dur(seconds: float) -> str:
+    from compress.console import duration
+
+    return duration(seconds)
+
+
+def timing_lines(report: dict, top: int = 5) -> list[str]:
+    """Where the run's time went (report.json `timing`), in three short lines; none for a
+    report written before the key existed."""
+    t = report.get("timing")
+    if not isinstance(t, dict):
+        return []
+    stages = sorted(((sid, s["seconds"]) for sid, s in t.get("stages", {}).items() if s.get("seconds")),
+                    key=lambda kv: -kv[1])
+    b = t.get("benchmark", {})
+    phases = [(k, v) for k, v in b.get("phases", {}).items() if v >= 0.05][:top]
+    lines = [f"time: {_dur(t['seconds'])} in all: stages {_dur(t.get('stages_seconds', 0))}, benchmark "
+             f"{_dur(b.get('seconds', 0))}, other {_dur(t.get('other_seconds', 0))}"]
+    if stages:
+        lines.append("stages: " + ", ".join(f"{sid} {_dur(sec)}" for sid, sec in stages[:top])
+                     + (f", {len(stages) - top} more" if len(stages) > top else ""))
+    if phases:
+        lines.append("benchmark phases: " + ", ".join(f"{k} {_dur(v)}" for k, v in phases))
+    return lines
+
+
 def print_report(report: dict, console=None) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from compress.console import out
@@ -74,6 +110,8 @@ def print_report(report: dict, console=None) -> None:
             console.print(f"  [dim]{r['id']} ({r['device']}): {note}[/dim]", highlight=False)
     for note in report.get("notes", []) + d["notes"]:
         console.print(f"  [yellow]note:[/yellow] {note}", highlight=False)
+    for line in timing_lines(report):
+        console.print(f"  [dim]{escape(line)}[/dim]", highlight=False)
     if d["selected"]:
         console.print(f"[bold green]deploy: {d['selected']}[/bold green] ({d['objective']} on {d['device']}, "
                       f"max drop {report['budget']['max_accuracy_drop']} points)", highlight=False)
@@ -149,6 +187,10 @@ def markdown(report: dict) -> str:
     notes += [f"- `{r['id']}` ({r['device']}): {_md(n)}" for r in report["rows"] for n in r.get("notes", [])]
     if notes:
         lines += ["", "Notes:", *notes]
+    timing = timing_lines(report, top=20)
+    if timing:
+        lines += ["", "<details><summary>Where the time went</summary>", "", *[f"- {x}" for x in timing], "",
+                  "</details>"]
     m = report["manifest"]
     paired = any(r.get("paired_vs_baseline") for r in report["rows"])
     lines += ["", f"<sub>{m['hardware']['cpu']['model']}, {m['threads']} threads; latency at batch 1 over "

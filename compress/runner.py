@@ -15,6 +15,7 @@ from typing import Callable
 
 from compress import __version__
 from compress.artifacts import RESULT, Artifact, ArtifactStore, RunLock, digest
+from compress.console import heartbeat, stamped
 from compress.console import log as default_log
 from compress.errors import ArtifactError, StageError
 from compress.recipe import BENCHMARKABLE, MODEL_ID, Recipe
@@ -78,10 +79,12 @@ def run_recipe(
 
     from compress.data import Data
     from compress.distributed import Processes
+    from compress.formats import write_labels
     from compress.sources import check_model_folder, first_nonfinite, resolve_model
 
     _quiet_libraries()
     _never_prompt()
+    log = stamped(log)  # the heartbeat stays quiet while lines are logged
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
     run_dir = artifacts_root / recipe.name
@@ -94,7 +97,9 @@ def run_recipe(
             store.sweep()  # temporary folders of an interrupted run are never trusted
         model = resolve_model(recipe.model, recipe.base_dir)
         log(f"model: {recipe.model.source} ({model.format}, {model.origin})")
-        data = Data(recipe.data, recipe.base_dir)
+        head = _check_model_against_recipe(recipe, model)
+        data = Data(recipe.data, recipe.base_dir, head=head)
+        data_notes = [_unk_note(recipe, model.path, data)]
         log(f"data: {len(data.train)} training / {len(data.eval)} eval examples, {data.num_labels} labels "
             f"({data.sources['eval']})")
         for note in data.notes:
@@ -105,6 +110,7 @@ def run_recipe(
         device = procs.device or _train_device()
         procs.share()  # the others start once the main process holds the lock and has swept
         stages_info: dict[str, dict] = {}
+        stage_seconds: dict[str, float] = {}  # this run's time per stage (0 when reused)
         model_checked = False
         for sid in topo_order(recipe):
             spec = recipe.stage(sid)
@@ -122,6 +128,7 @@ def run_recipe(
                 log(f"[{sid}] {kind.name}: up to date (reused)")
                 artifacts[sid] = cached
                 stages_info[sid] = {"uses": kind.name, "cached": True, "seconds": cached.result.get("seconds")}
+                stage_seconds[sid] = 0.0
                 continue
             log(f"[{sid}] {kind.name}: running ({'forced' if sid in force else why})")
             if not model_checked and MODEL_ID in (spec.source, *spec.config.refs().values()):
@@ -134,7 +141,8 @@ def run_recipe(
                 if not procs.is_main:  # derived data too stays with the main process
                     ctx.cache_root = tmp / ".cache"
                 t0 = time.perf_counter()
-                result = kind.run(ctx)
+                with heartbeat(f"[{sid}] {kind.name}", log):
+                    result = kind.run(ctx)
                 seconds = time.perf_counter() - t0
                 bad = first_nonfinite(tmp)
                 if bad:  # diverged training (a huge lr) or a NaN input: never committed
@@ -144,6 +152,8 @@ def run_recipe(
                     raise StageError(f"{sid}: stage {kind.name} returned {type(result).__name__}, not its result type")
                 _test_pause(sid)
                 if procs.is_main:
+                    if data.id2label:  # every variant's config.json names the classes (pipelines answer names)
+                        write_labels(tmp, data.id2label)
                     payload = result.model_dump(mode="json")
                     payload["seconds"] = round(seconds, 2)
                     (tmp / RESULT).write_text(_json(payload))
@@ -158,13 +168,15 @@ def run_recipe(
                 artifacts[sid] = _committed(store, sid, fp)
             log(f"[{sid}] done in {seconds:.1f}s")
             stages_info[sid] = {"uses": kind.name, "cached": False, "seconds": round(seconds, 2)}
+            stage_seconds[sid] = seconds
 
         procs.close()  # no collective call after the stages: the benchmark is the main process's
         if not procs.is_main:
             return None
         if not model_checked and recipe.budget.baseline == MODEL_ID:
             check_model_folder(model.path, recipe.model.trust_remote_code)  # benchmarked as it is
-        report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads)
+        report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
+                                       data_notes, stage_seconds)
     return report
 
 
@@ -181,20 +193,60 @@ def _never_prompt() -> None:
         pass
 
 
+def _check_model_against_recipe(recipe: Recipe, model) -> list[str] | None:
+    """What validation checks when the model's files are at hand, for a model only now
+    downloaded: the length settings fit its positions (exit 2 rather than a tensor-size
+    crash mid-run), and the stages take its tokenizer. Returns the id2label names of a head used as it is, for Data to match."""
+    import json
+
+    from compress.recipe import check_lengths, check_tokenizer, head_used_as_is
+    from compress.sources import head_labels
+
+    try:
+        config = json.loads((model.path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # check_model_folder names the problem before a stage loads it
+    if not isinstance(config, dict):
+        return None
+    where = str(recipe.path) if recipe.path else "<recipe>"
+    check_lengths(recipe, config, where)
+    try:  # a tokenizer kind a stage cannot take (trim_vocab): said before the baseline trains
+        tokenizer = json.loads((model.path / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        tokenizer = None
+    if isinstance(tokenizer, dict) and isinstance(tokenizer.get("model"), dict):
+        check_tokenizer(recipe, tokenizer, where)
+    return head_labels(config) if model.format == "hf" and head_used_as_is(recipe) else None
+
+
+def _unk_note(recipe: Recipe, model_path: Path, data) -> str:
+    """The share of the eval split's tokens that the model's tokenizer cannot read: text
+    every variant is blind to, whatever the compression (a wrong encoding, an alphabet the
+    vocabulary lacks)."""
+    from compress.data import unk_share
+
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=recipe.model.trust_remote_code)
+        share, total = unk_share(tok, data.eval)
+    except Exception as exc:  # a broken folder is named by check_model_folder, not here
+        return f"data: the share of unknown tokens in the eval split was not measured ({exc.__class__.__name__})"
+    data.eval_unk_share = share
+    if share is None:
+        return f"data: the model's tokenizer has no unknown token; no eval text is unreadable to it ({total} tokens)"
+    note = f"data: {share:.2%} of the eval split's {total} tokens are {tok.unk_token} under the model's tokenizer"
+    if share > 0.01:
+        note += "; every variant is blind to that text: check the file's encoding, or use a model whose vocabulary covers it"
+    return note
+
+
 def _quiet_libraries() -> None:
     """Library chatter (\"newly initialized weights\", deprecation notices) is expected
     here and drowns the run's own lines; COMPRESS_DEBUG=1 keeps it."""
-    import os
-    import warnings
+    from compress.console import quiet_libraries
 
-    if os.environ.get("COMPRESS_DEBUG", "") not in ("", "0"):
-        return
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    quiet_libraries()
 
 
 def _committed(store: ArtifactStore, sid: str, fp: str) -> Artifact:
@@ -249,10 +301,34 @@ def _json(obj) -> str:
     return json.dumps(obj, indent=1, default=str)
 
 
-def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads) -> dict:
+def _timing(stage_seconds: dict, stages_info: dict, bench, bench_seconds: float, total: float) -> dict:
+    """report.json `timing`: where this run's time went (reused stages and cached
+    measurements count 0): per stage, per benchmark phase and per measured variant."""
+    stages = {sid: {"seconds": round(stage_seconds.get(sid, 0.0), 1), "reused": bool(info.get("cached"))}
+              for sid, info in stages_info.items()}
+    stage_total = sum(stage_seconds.values())
+    return {
+        "seconds": round(total, 1),
+        "stages": stages,
+        "stages_seconds": round(stage_total, 1),
+        "benchmark": {
+            "seconds": round(bench_seconds, 1),
+            "phases": {k: round(v, 1) for k, v in bench.phase_totals().items()},
+            "variants": {k: {"seconds": round(bench.seconds(k), 1), "phases": {p: round(v, 2) for p, v in ph.items()}}
+                         for k, ph in bench.variants.items()},
+            "cached": list(bench.cached),
+        },
+        # data loading, model resolution, decision and reports
+        "other_seconds": round(max(total - stage_total - bench_seconds, 0.0), 1),
+    }
+
+
+def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
+                          data_notes=(), stage_seconds=None) -> dict:
     from compress import manifest
-    from compress.benchmark import METHOD, run_benchmarks
+    from compress.benchmark import METHOD, BenchTiming, run_benchmarks
     from compress.decision import build_rows, decide
+    from compress.model_card import write_model_cards
     from compress.report import write_reports
 
     base = recipe.budget.baseline
@@ -260,10 +336,14 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
     hw = manifest.hardware()
     vers = manifest.versions()
     log(f"benchmark: {len(variants)} variants, {threads} threads, batch sizes {recipe.benchmark.batch_sizes}")
+    bench_timing = BenchTiming()
+    t_bench = time.perf_counter()
     results, bench_notes = run_benchmarks(
         variants, recipe.benchmark.model_copy(update={"threads": threads}), data, run_dir / "bench",
         manifest.machine_key(hw, vers), log, reference=base, trust_remote_code=recipe.model.trust_remote_code,
+        timing=bench_timing,
     )
+    bench_seconds = time.perf_counter() - t_bench
     if not results.get((base, "cpu"), {}).get("ok") and not any(
         results.get((base, d), {}).get("ok") for d in recipe.benchmark.devices
     ):
@@ -278,6 +358,10 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
         meta.append({
             "id": a.id, "stage": spec.uses if spec else MODEL_ID, "format": a.format,
             "source": spec.source if spec else None, "fingerprint": a.fingerprint[:16],
+            # A compressing stage's own word that its output is no smaller (distill on ALBERT).
+            "not_smaller": (a.result or {}).get("not_smaller"),
+            # the other variants it reads (a cascade's large member), for comparisons in the report
+            **({"refs": spec.config.refs()} if spec and spec.config.refs() else {}),
         })
     rows = build_rows(meta, results, data.eval.labels, resolved)
     devices = list(dict.fromkeys(d for (_, d) in results))
@@ -295,7 +379,7 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
             sid: {**info, "result": {k: v for k, v in artifacts[sid].result.items() if k != "format"}}
             for sid, info in stages_info.items()
         },
-        "notes": data.notes + bench_notes + (["trust_remote_code is on: model code from the hub was allowed to run"]
+        "notes": list(data_notes) + data.notes + bench_notes + (["trust_remote_code is on: model code from the hub was allowed to run"]
                                 if recipe.model.trust_remote_code else []),
         "manifest": {
             "recipe_file": str(recipe.path) if recipe.path else None,
@@ -312,6 +396,9 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
             "seconds": round(time.perf_counter() - t_start, 1),
         },
     }
+    report["timing"] = _timing(stage_seconds or {}, stages_info, bench_timing, bench_seconds,
+                               time.perf_counter() - t_start)
     write_reports(report, run_dir)
+    write_model_cards(report, run_dir)
     (run_dir / "manifest.json").write_text(_json(report["manifest"]))
     return report

@@ -188,6 +188,53 @@ def model_files(folder: Path) -> list[Path]:
     return sorted(out)
 
 
+def peek_tokenizer(spec: "ModelSpec", base_dir: Path) -> dict | None:
+    """The model folder's tokenizer.json as a dict when it is at hand (no download), else
+    None (also for a folder with only slow-tokenizer files, which transformers converts)."""
+    folder = _local_or_cached(spec, base_dir)
+    try:
+        tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")) if folder else None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return tok if isinstance(tok, dict) and isinstance(tok.get("model"), dict) else None
+
+
+# Model types that number positions from padding_idx + 1 (fairseq's RoBERTa heritage): of
+# max_position_embeddings 514, two are never used by a token, so 512 tokens fit.
+PADDING_OFFSET_TYPES = frozenset({
+    "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "xmod",
+    "roberta-prelayernorm", "ibert", "mpnet", "luke", "markuplm", "bart", "mbart",
+})
+
+
+def position_limit(config: dict) -> tuple[int, str] | None:
+    """The most tokens the model takes, with how that follows from config.json, or None
+    when it has no absolute position table (DeBERTa-v3's relative positions) or says nothing."""
+    n = config.get("max_position_embeddings")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        return None
+    model_type = config.get("model_type")
+    if model_type in ("deberta", "deberta-v2") and config.get("position_biased_input") is False:
+        return None  # relative attention only: no position table to run off
+    if model_type in PADDING_OFFSET_TYPES:
+        pad = config.get("pad_token_id")
+        offset = (pad if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 1) + 1
+        return n - offset, f"max_position_embeddings {n}, less {offset} for {model_type}'s padding offset"
+    return n, f"max_position_embeddings {n}"
+
+
+def head_labels(config: dict) -> list[str]:
+    """A classifier's id2label names in id order (LABEL_0, ... when it names none)."""
+    id2label = config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(len(id2label))]
+        except TypeError:
+            pass
+    n = config.get("num_labels")
+    return [f"LABEL_{i}" for i in range(n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 2)]
+
+
 def fingerprint_files(folder: Path, suffixes: tuple[str, ...] | None = None) -> str:
     """sha256 over the names and contents of a folder's files (weights and configs)."""
     h = hashlib.sha256()

@@ -272,8 +272,10 @@ def unwrap(model):
 # Inference over a split (calibration, teacher logits, importance scores)
 
 
-def predict_logits(model, tokenizer, data: Encoded, batch_size: int = 64, device: str = "cpu") -> np.ndarray:
-    """Logits [N, num_labels] in the original example order, in length-sorted batches."""
+def predict_logits(model, tokenizer, data: Encoded, batch_size: int = 64, device: str = "cpu",
+                   on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+    """Logits [N, num_labels] in the original example order, in length-sorted batches.
+    `on_batch(n)` after each batch of n examples (a progress bar's advance)."""
     import torch
 
     pad = collate(tokenizer)
@@ -286,5 +288,7 @@ def predict_logits(model, tokenizer, data: Encoded, batch_size: int = 64, device
             if out is None:
                 out = np.zeros((len(data), logits.shape[-1]), dtype=np.float32)
             out[idx] = logits
+            if on_batch is not None:
+                on_batch(len(idx))
     assert out is not None
     return out

@@ -70,7 +70,7 @@ def test_a_later_round_times_the_selection_only(tiny_classifier, tmp_path):
             "max_length": 32, "warmup": 1, "max_latency_examples": 6, "eval_file": str(eval_file)}
     full = bench_worker.measure(spec)
     later = bench_worker.measure({**spec, "latency_only": True})
-    assert len(full["sentence_ms"]) == 6 and set(later) == {"ok", "sentence_ms"} and len(later["sentence_ms"]) == 6
+    assert len(full["sentence_ms"]) == 6 and set(later) == {"ok", "sentence_ms", "phase_seconds"} and len(later["sentence_ms"]) == 6
     assert all(t > 0 for t in later["sentence_ms"])
 
 
@@ -112,7 +112,7 @@ def test_a_paired_round_times_both_models_alternately_each_with_its_own_tokenize
             "max_length": 32, "warmup": 2, "max_latency_examples": n, "eval_file": str(eval_file),
             "latency_only": True, "pair": {"format": "hf", "path": str(ref), "options": {}}}
     result = bench_worker.measure_paired(spec)
-    assert set(result) == {"ok", "sentence_ms", "pair_sentence_ms"}
+    assert set(result) == {"ok", "sentence_ms", "pair_sentence_ms", "phase_seconds"}
     assert len(result["sentence_ms"]) == len(result["pair_sentence_ms"]) == n
     timed = order[4:]  # after two warm-up calls each
     b = bench_worker.PAIR_BLOCK
@@ -121,9 +121,9 @@ def test_a_paired_round_times_both_models_alternately_each_with_its_own_tokenize
     assert any((r != v).any() for r, v in zip(ref_ids, var_ids))  # each model got its own tokenizer's ids
 
 
-def test_warm_up_includes_the_largest_batch():
-    """Besides the first batches, the warm-up runs the largest shape once, so that a GPU
-    picks its kernels and grows its memory pool before the timed calls."""
+def test_warm_up_runs_every_shape_once():
+    """Besides the first batches, the warm-up runs one batch of every other shape, so that a
+    runtime that prepares kernels per shape (OpenVINO, a GPU) does it before the timed calls."""
     class Pred:
         def __init__(self):
             self.seen = []
@@ -134,13 +134,16 @@ def test_warm_up_includes_the_largest_batch():
         def sync(self):
             pass
 
-    batches = [{"input_ids": np.zeros((1, n), dtype=np.int64)} for n in (5, 3, 9, 4)]
+    batches = [{"input_ids": np.zeros((1, n), dtype=np.int64)} for n in (5, 3, 9, 4, 3, 9, 5)]
     pred = Pred()
     bench_worker._warm_up(pred, batches, 2)
-    assert pred.seen == [(1, 5), (1, 3), (1, 9)]
+    assert pred.seen == [(1, 5), (1, 3), (1, 9), (1, 4)]
     pred = Pred()
-    bench_worker._warm_up(pred, batches[2:], 1)  # the largest is already among the first
-    assert pred.seen == [(1, 9)]
+    bench_worker._warm_up(pred, batches[2:], 0)  # at least one call, then each new shape once
+    assert pred.seen == [(1, 9), (1, 4), (1, 3), (1, 5)]
+    pred = Pred()
+    bench_worker._warm_up(pred, batches[:3], 10)  # n beyond the list: each batch once
+    assert pred.seen == [(1, 5), (1, 3), (1, 9)]
 
 
 def test_non_finite_logits_fail_the_variant_instead_of_scoring_it(tiny_classifier, tmp_path):

@@ -29,7 +29,7 @@ def test_merge_takes_each_sentences_median_over_rounds():
 def test_rounds_rotate_the_order_and_outvote_a_slow_spell(tmp_path, monkeypatch):
     calls = []
 
-    def fake_worker(job, folder, vid, device, threads):
+    def fake_worker(job, folder, vid, device, threads, **_):
         calls.append((vid, bool(job.get("latency_only"))))
         rnd = sum(1 for v, _ in calls if v == vid)
         ms = [50.0] * 4 if (vid == "b" and rnd == 2) else [10.0] * 4  # b is caught by a spell once
@@ -55,7 +55,7 @@ def test_rounds_rotate_the_order_and_outvote_a_slow_spell(tmp_path, monkeypatch)
 def test_a_failed_variant_sits_out_the_later_rounds(tmp_path, monkeypatch):
     calls = []
 
-    def fake_worker(job, folder, vid, device, threads):
+    def fake_worker(job, folder, vid, device, threads, **_):
         calls.append(vid)
         if vid == "a":
             return {"ok": False, "error": "boom"}
@@ -73,7 +73,7 @@ def test_a_failed_variant_sits_out_the_later_rounds(tmp_path, monkeypatch):
 def test_later_rounds_pair_every_variant_with_the_reference(tmp_path, monkeypatch):
     calls = []
 
-    def fake_worker(job, folder, vid, device, threads):
+    def fake_worker(job, folder, vid, device, threads, **_):
         pair = job.get("pair")
         calls.append((vid, Path(pair["path"]).name if pair else None))
         rnd = sum(1 for v, _ in calls if v == vid)

@@ -143,3 +143,159 @@ def test_labels_are_ascii_integers(tmp_path, label):
     folder(tmp_path, [("a", 0), ("b", 1), ("c", label)], [("x", 0), ("y", 1)])
     with pytest.raises(DataError, match="row 3.*not an integer"):
         Data(spec(tmp_path), tmp_path)
+
+
+def test_holdout_carves_whole_sentences_and_every_phrase_of_them(tmp_path):
+    # Treebank layout: each sentence, then phrases of it, as rows of their own.
+    sentences = [f"film {i} is a truly remarkable piece of work" for i in range(40)]
+    rows = []
+    for i, s in enumerate(sentences):
+        w = s.split()
+        rows += [(s, i % 2), (" ".join(w[2:]), i % 2), (" ".join(w[:2]), 1), ("work", 1)]
+    from compress.recipe import HoldoutSpec
+
+    dev = [(f"an unseen sentence {i}", i % 2) for i in range(5)]
+    d = Data(spec(folder(tmp_path, rows, dev), holdout=HoldoutSpec(calibration=6, check=10)), tmp_path)
+    cal, check = d.holdout_calibration, d.holdout_check
+    assert len(cal) == 6 and len(check) == 10
+    assert set(cal.texts) | set(check.texts) <= set(sentences)  # whole sentences only, never a phrase
+    assert not set(cal.texts) & set(check.texts)
+    trained = set(d.train_pool(None).texts)
+    for s in cal.texts + check.texts:
+        w = s.split()
+        assert s not in trained and " ".join(w[:2]) not in trained  # no phrase of a held-out sentence
+    assert "work" not in trained  # a span of a held-out sentence, however common
+    assert d.calibration(4).texts == cal.texts[:4] and len(d.calibration(100)) == 6
+    assert d.describe()["holdout_check"] == 10
+
+
+def test_holdout_changes_the_training_fingerprint_only_when_set(tmp_path):
+    from compress.recipe import HoldoutSpec
+
+    rows = [(f"sentence number {i}", i % 2) for i in range(60)]
+    root = folder(tmp_path, rows, [(f"an unseen sentence {i}", i % 2) for i in range(5)])
+    plain = Data(spec(root), tmp_path)
+    assert plain.holdout_check is None
+    held = Data(spec(root, holdout=HoldoutSpec(check=5)), tmp_path)
+    assert held.train_fingerprint != plain.train_fingerprint and len(held.holdout_check) == 5
+    assert len(held.train) == 55
+
+
+# --- Labels: class names, label_names, a head used as it is -----------------------------------
+
+def named(tmp_path, train, dev, suffix=".csv"):
+    for name, rows in (("train", train), ("dev", dev)):
+        (tmp_path / f"{name}{suffix}").write_text("sentence,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    return tmp_path
+
+
+def test_class_names_become_ids_in_sorted_order(tmp_path):
+    d = Data(spec(named(tmp_path, [("a", "positive"), ("b", "negative"), ("c", "positive")], [("d", "negative")])),
+             tmp_path)
+    assert d.num_labels == 2 and d.label_names == ["negative", "positive"]
+    assert d.train_full.labels.tolist() == [1, 0, 1] and d.eval.labels.dtype == np.int64
+    assert d.id2label == {0: "negative", 1: "positive"} and d.describe()["label_names"] == ["negative", "positive"]
+
+
+def test_label_names_order_named_labels_and_name_integer_ones(tmp_path):
+    rows = [("a", "positive"), ("b", "negative")]
+    d = Data(spec(named(tmp_path, rows, [("c", "positive")]), label_names=["positive", "negative"]), tmp_path)
+    assert d.train_full.labels.tolist() == [0, 1] and d.label_names == ["positive", "negative"]
+
+    ints = tmp_path / "ints"
+    ints.mkdir()
+    unnamed = Data(spec(folder(ints, [("a", 0), ("b", 1)], [("c", 1)])), ints)
+    sst2 = Data(spec(ints, label_names=["negative", "positive"]), ints)
+    assert unnamed.label_names is None and unnamed.id2label is None
+    assert sst2.id2label == {0: "negative", 1: "positive"} and sst2.train_full.labels.tolist() == [0, 1]
+    assert sst2.train_fingerprint != unnamed.train_fingerprint  # renamed classes: the stages re-run
+    with pytest.raises(DataError, match=r"train.tsv: row 2: label 1 is out of range 0..0|two or more"):
+        Data(spec(ints, num_labels=1), ints)
+
+
+def test_a_name_outside_label_names_names_its_file_and_row(tmp_path):
+    named(tmp_path, [("a", "positive"), ("b", "negative")], [("c", "positive"), ("d", "neutral")])
+    with pytest.raises(DataError) as exc:
+        Data(spec(tmp_path, label_names=["negative", "positive"]), tmp_path)
+    assert "dev.csv: row 2: label 'neutral' is not one of data.label_names" in str(exc.value)
+
+
+@pytest.mark.parametrize("labels", ["names", "integers"])
+def test_an_eval_label_never_seen_in_training_is_the_eval_files_error(tmp_path, labels):
+    """26.17: the eval file and its row are named (the old code blamed train.tsv)."""
+    if labels == "names":
+        named(tmp_path, [("a", "positive"), ("b", "negative")], [("c", "positive"), ("d", "neutral")], ".tsv")
+        for f in ("train.tsv", "dev.tsv"):
+            (tmp_path / f).write_text((tmp_path / f).read_text().replace(",", "\t"))
+    else:
+        folder(tmp_path, [("a", 0), ("b", 1)], [("c", 1), ("d", 2)])
+    with pytest.raises(DataError) as exc:
+        Data(spec(tmp_path), tmp_path)
+    msg = str(exc.value)
+    assert msg.startswith(str(tmp_path / "dev.tsv") + ": row 2: label ") and "never appears in the training split" in msg
+    assert "\n" not in msg
+
+
+def test_names_and_integers_do_not_mix(tmp_path):
+    named(tmp_path, [("a", "positive"), ("b", "1")], [("c", "positive")])
+    with pytest.raises(DataError, match=r"train.csv: row 1: label 'positive' is not an integer \(row 2's is"):
+        Data(spec(tmp_path), tmp_path)
+    named(tmp_path, [("a", "0"), ("b", "1")], [("c", "positive")])
+    with pytest.raises(DataError, match=r"dev.csv: row 1: label 'positive' is a class name, but the training split"):
+        Data(spec(tmp_path), tmp_path)
+
+
+def test_a_head_used_as_is_must_have_the_datas_label_count_and_gives_its_names(tmp_path):
+    named(tmp_path, [("a", "positive"), ("b", "negative")], [("c", "NEGATIVE")])
+    with pytest.raises(DataError, match="the data has 2 classes but the model's classification head has 3"):
+        Data(spec(tmp_path), tmp_path, head=["LABEL_0", "LABEL_1", "LABEL_2"])
+    # The head's own names give the ids (case-blind): POSITIVE is id 0 here, not sorted order.
+    d = Data(spec(tmp_path), tmp_path, head=["POSITIVE", "NEGATIVE"])
+    assert d.train_full.labels.tolist() == [0, 1] and d.eval.labels.tolist() == [1]
+    assert d.label_names == ["POSITIVE", "NEGATIVE"]
+    with pytest.raises(DataError, match="differ from the model's own id2label"):
+        Data(spec(tmp_path, label_names=["negative", "positive"]), tmp_path, head=["POSITIVE", "NEGATIVE"])
+    unnamed = Data(spec(tmp_path), tmp_path, head=["LABEL_0", "LABEL_1"])  # names nothing: sorted
+    assert unnamed.label_names == ["negative", "positive"]
+
+
+def test_hub_dataset_config_and_revision_reach_load_dataset(tmp_path, monkeypatch):
+    import datasets
+    import pandas as pd
+
+    seen = {}
+
+    class Fake:
+        features = {"label": datasets.ClassLabel(names=["entailment", "neutral", "contradiction"])}
+
+        def __init__(self, split):
+            self.split = split
+
+        def to_pandas(self):  # other rows in each split: an eval split of training rows is refused
+            return pd.DataFrame({"premise": [f"{self.split} {t}" for t in "abc"], "hypothesis": ["x", "y", "z"],
+                                 "label": [0, 1, 2]})
+
+    def load_dataset(path, name=None, split=None, revision=None):
+        seen[split] = (path, name, revision)
+        return Fake(split)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("COMPRESS_DATA_DIR", "")
+    s = spec("nyu-mll/glue", config="mnli", revision="abc123", text="premise", text_pair="hypothesis",
+             eval_split="validation_matched")
+    d = Data(s, tmp_path)
+    assert seen == {"train": ("nyu-mll/glue", "mnli", "abc123"), "validation_matched": ("nyu-mll/glue", "mnli", "abc123")}
+    assert d.sources["train"] == "hub:nyu-mll/glue/mnli@abc123" and d.describe()["config"] == "mnli"
+    assert d.label_names == ["entailment", "neutral", "contradiction"]  # the ClassLabel's names, in its order
+    assert d.eval.pairs == ["x", "y", "z"]
+
+
+def test_a_local_copy_of_a_dataset_configuration(tmp_path, monkeypatch):
+    (tmp_path / "glue" / "mnli").mkdir(parents=True)
+    (tmp_path / "glue" / "sst2").mkdir(parents=True)
+    folder(tmp_path / "glue" / "mnli", [("a", 0), ("b", 1), ("c", 2)], [("d", 2)])
+    folder(tmp_path / "glue" / "sst2", [("a", 0), ("b", 1)], [("d", 1)])
+    monkeypatch.setenv("COMPRESS_DATA_DIR", str(tmp_path))
+    assert Data(spec("nyu-mll/glue", config="mnli"), tmp_path).num_labels == 3
+    assert Data(spec("nyu-mll/glue", config="sst2"), tmp_path).num_labels == 2

@@ -212,6 +212,28 @@ def test_routed_share_reaches_the_row():
     assert "routed_share" not in rows["baseline"]
 
 
+def test_a_cascade_row_compares_itself_with_both_members():
+    from compress.decision import compare_members
+
+    res = {(v, "cpu"): measurement(LABELS, flip(LABELS, k), throughput=t, routed_share=0.3 if v == "casc" else None)
+           for v, k, t in (("baseline", 0, 100.0), ("small", 20, 400.0), ("casc", 4, 250.0))}
+    for r in res.values():
+        if r.get("routed_share") is None:
+            r.pop("routed_share")
+    meta = variants("baseline", "small", "casc")
+    meta[2]["source"], meta[2]["refs"] = "small", {"large": "baseline"}
+    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe_dict())}
+    casc = rows["casc"]
+    assert casc["members"]["small"] == {"id": "small", "accuracy": rows["small"]["accuracy"],
+                                        "usd_per_1k": rows["small"]["usd_per_1k"]}
+    assert casc["members"]["large"]["id"] == "baseline"
+    note = next(n for n in casc["notes"] if "went on to 'baseline'" in n)
+    assert note.startswith("30% of the eval inputs") and f"{casc['accuracy']:.2f} against" in note
+    assert f"({casc['usd_per_1k'] / rows['baseline']['usd_per_1k']:.2f}x the large member's)" in note
+    assert "members" not in rows["small"]
+    compare_members([{**casc, "refs": {"large": "gone"}, "notes": []}])  # a member without a row: no error
+
+
 def test_batches_helper_is_a_monotone_curve():
     b = batches(5.0, 6.0, 100.0)
     assert [x["batch_size"] for x in b] == [1, 8, 32]
@@ -365,3 +387,85 @@ def test_the_default_minimum_eval_size_is_fifty():
     from compress.recipe import BudgetSpec
 
     assert BudgetSpec().min_eval_examples == 50
+
+
+def test_a_student_that_is_not_smaller_is_flagged_in_its_row_and_in_the_decision():
+    # distill on ALBERT: shared layers, so the student is faster but has the teacher's weights.
+    res = {"baseline": measurement(LABELS, LABELS, p50=10, throughput=100, size_mb=40),
+           "student": measurement(LABELS, LABELS, p50=5, throughput=200, size_mb=40)}
+    meta = variants("baseline", "student")
+    meta[1]["not_smaller"] = "ALBERT shares one set of layer weights across its passes"
+    rows = {r["id"]: r for r in build_rows(meta, {(k, "cpu"): v for k, v in res.items()}, LABELS, recipe_dict())}
+    [note] = [n for n in rows["student"]["notes"] if n.startswith("not smaller")]
+    assert "'baseline'" in note and "ALBERT shares" in note
+    assert not any(n.startswith("not smaller") for n in rows["baseline"]["notes"])
+    decision = decide(list(rows.values()), recipe_dict(), ["cpu"])
+    assert decision["selected"] == "student"
+    assert any("'student' is deployed, but it is not smaller" in n for n in decision["notes"])
+    # Without the stage's word, no such note: the check above can fail.
+    meta[1]["not_smaller"] = None
+    rows = build_rows(meta, {(k, "cpu"): v for k, v in res.items()}, LABELS, recipe_dict())
+    assert not any("not smaller" in n for n in decide(rows, recipe_dict(), ["cpu"])["notes"])
+
+
+# ------------------------------------------------------------------ runtimes side by side
+
+
+def _runtime_variants():
+    def v(vid, stage, fmt, source):
+        return {"id": vid, "stage": stage, "format": fmt, "source": source, "fingerprint": "f" * 16}
+
+    return [
+        v("baseline", "finetune", "hf", None),
+        v("onnx", "export_onnx", "onnx", "baseline"), v("onnx_int8", "quantize_onnx", "onnx", "onnx"),
+        v("ov", "export_openvino", "openvino", "onnx"), v("ov_int8", "quantize_openvino", "openvino", "ov"),
+        v("trimmed", "trim_vocab", "hf", "baseline"),
+        v("small_onnx", "export_onnx", "onnx", "trimmed"), v("small_fused", "optimize_onnx", "onnx", "small_onnx"),
+        v("small_int8", "quantize_onnx", "onnx", "small_fused"),
+        v("small_ov", "export_openvino", "openvino", "trimmed"),  # from torch: still the same model
+        v("small_ov_int8", "quantize_openvino", "openvino", "small_ov"),
+    ]
+
+
+def test_openvino_rows_are_compared_with_their_onnxruntime_siblings():
+    meta = _runtime_variants()
+    res = {(m["id"], "cpu"): measurement(LABELS, LABELS, p50=10.0) for m in meta}
+    res[("onnx_int8", "cpu")] = measurement(flip(LABELS, 8), LABELS, p50=5.0, throughput=400.0,
+                                            paired_speedup={"reference": "baseline", "speedup": 2.0, "rounds": [2.0, 1.6]})
+    res[("ov_int8", "cpu")] = measurement(flip(LABELS, 4), LABELS, p50=4.0, throughput=300.0,
+                                          paired_speedup={"reference": "baseline", "speedup": 2.5, "rounds": [2.4, 2.4]})
+    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe_dict())}
+    assert rows["ov"]["runtime"] == "openvino" and rows["onnx"]["runtime"] == "onnxruntime"
+    assert rows["baseline"]["runtime"] == "torch"
+    sib = lambda vid: [e["id"] for e in rows[vid].get("vs_runtime", [])]  # noqa: E731
+    assert sib("ov") == ["onnx"] and sib("ov_int8") == ["onnx_int8"]
+    assert sib("small_ov") == ["small_onnx", "small_fused"] and sib("small_ov_int8") == ["small_int8"]
+    assert all(not sib(v) for v in ("onnx", "onnx_int8", "small_int8", "baseline", "trimmed"))
+
+    e = rows["ov_int8"]["vs_runtime"][0]
+    assert e["delta"] == pytest.approx(1.0)  # 4 errors against 8 in 400
+    assert e["delta_ci95"][0] < 1.0 < e["delta_ci95"][1]
+    # Paired rounds: the quotient of the two speed-ups against the baseline, and per round.
+    assert e["paired"] and e["speedup_b1"] == pytest.approx(1.25)
+    assert e["speedup_b1_rounds"] == pytest.approx([1.2, 1.5])
+    assert e["throughput_ratio"]["32"] == pytest.approx(0.75)
+    note = next(n for n in rows["ov_int8"]["notes"] if n.startswith("vs onnxruntime"))
+    assert "'onnx_int8'" in note and "+1.00 points" in note and "1.25x as fast" in note
+    assert "paired rounds 1.20x to 1.50x" in note and "batch 32 throughput 0.75x" in note
+    # Without paired rounds on both sides: the separately measured p50s, said so.
+    e = rows["ov"]["vs_runtime"][0]
+    assert not e["paired"] and e["speedup_b1"] == pytest.approx(1.0)
+    assert any("(separate p50s)" in n for n in rows["ov"]["notes"])
+
+
+def test_the_table_names_the_runtime_of_every_row():
+    from compress.report import table_rows
+
+    meta = _runtime_variants()[:5]
+    res = {(m["id"], "cpu"): measurement(LABELS, LABELS) for m in meta}
+    report = make_report({}, LABELS)
+    report["rows"] = build_rows(meta, res, LABELS, recipe_dict())
+    decide(report["rows"], recipe_dict(), ["cpu"])
+    cells = {row[0]: row[1] for row in table_rows(report)}
+    assert cells == {"baseline": "hf (torch)", "onnx": "onnx (onnxruntime)", "onnx_int8": "onnx (onnxruntime)",
+                     "ov": "openvino", "ov_int8": "openvino"}

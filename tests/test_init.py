@@ -82,3 +82,45 @@ def test_token_length_estimate():
     assert init_mod.token_length(["a b c"] * 100, None) == 32
     assert init_mod.token_length([" ".join(["w"] * 200)] * 100, None) == 288
     assert init_mod.token_length([" ".join(["w"] * 1000)], None) == 512
+
+
+def _pairs(folder, first="premise", second="hypothesis"):
+    folder.mkdir()
+    for name, n in (("train", 40), ("dev", 8)):
+        rows = "".join(f"the film {i} was fine\tit was {'good' if i % 2 else 'bad'}\t"
+                       f"{'entailment' if i % 2 else 'contradiction'}\n" for i in range(n))
+        (folder / f"{name}.tsv").write_text(f"{first}\t{second}\tlabel\n" + rows)
+    return folder
+
+
+def test_init_learns_text_pairs(tiny_checkpoint, tmp_path, cli, monkeypatch):
+    monkeypatch.setattr(init_mod, "machine", lambda: {"cores": 2, "gpu": False})
+    data = _pairs(tmp_path / "nli")
+    out = tmp_path / "nli.yaml"
+    code, _, err = cli("init", "--model", tiny_checkpoint, "--dataset", data, "--output", out)
+    assert code == 0, err  # premise/hypothesis found without being named
+    recipe = load_recipe(out)
+    assert (recipe.data.text, recipe.data.text_pair) == ("premise", "hypothesis")
+    assert recipe.data.label_names == ["contradiction", "entailment"]
+
+    other = _pairs(tmp_path / "qa", "query", "passage")
+    out = tmp_path / "qa.yaml"
+    code, _, err = cli("init", "--model", tiny_checkpoint, "--dataset", other, "--output", out,
+                       "--text", "query", "--text-pair", "passage")
+    assert code == 0, err
+    assert load_recipe(out).data.text_pair == "passage"
+    code, _, err = cli("init", "--model", tiny_checkpoint, "--dataset", other, "--output", tmp_path / "x.yaml")
+    assert code == 2 and "missing column 'sentence'" in err and "--text-pair" in err
+
+
+def test_a_classifier_with_another_label_count_gets_a_finetune_stage(tiny_classifier, tmp_path):
+    data = tmp_path / "three"
+    data.mkdir()
+    for name in ("train", "dev"):
+        (data / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(
+            f"sentence {i}\t{('bad', 'so-so', 'good')[i % 3]}\n" for i in range(30)))
+    text = init_mod.build(str(tiny_classifier), str(data), "sentence", "label", tmp_path / "r.yaml",
+                          mach={"cores": 2, "gpu": False})
+    raw = yaml.safe_load(text)
+    assert raw["stages"][0]["uses"] == "finetune" and raw["budget"]["baseline"] == "baseline"
+    assert "head has 2 labels, the data 3" in text

@@ -157,3 +157,61 @@ def test_shipped_recipes_validate_against_their_model_and_data(cli, name):
 def test_tie_tolerance_is_a_fraction(base, value):
     base["budget"]["tie_tolerance"] = value
     assert error_of(base).key == "budget.tie_tolerance"
+
+
+# --- Length settings against the model's positions; labels against a head used as it is -----
+
+def test_a_length_beyond_the_models_positions_names_the_key_and_the_limit(base):
+    base["stages"][1]["with"]["max_length"] = 129  # tiny BERT: max_position_embeddings 128
+    err = error_of(base)
+    assert err.key == "stages[1].with.max_length" and "more than the model takes (128" in str(err)
+    base["stages"][1]["with"]["max_length"] = 128
+    base["benchmark"]["max_length"] = 1024
+    err = error_of(base)
+    assert err.key == "benchmark.max_length" and "set it to 128 or less" in str(err) and "\n" not in str(err)
+
+
+def test_roberta_like_models_lose_the_padding_offset(tiny_data, tmp_path):
+    from tests.tiny_tokenizers import tiny_model
+
+    raw = tiny_recipe(tiny_model(tmp_path / "roberta", "roberta", max_position_embeddings=130), tiny_data)
+    raw["benchmark"]["max_length"] = 129  # 130 positions, numbered from pad id 1 + 1: 128 tokens
+    err = error_of(raw)
+    assert err.key == "benchmark.max_length" and "(128: max_position_embeddings 130, less 2" in str(err)
+    raw["benchmark"]["max_length"] = 128
+    validate_recipe(raw)
+
+
+def test_relative_position_models_take_any_length(tiny_data, tmp_path):
+    from tests.tiny_tokenizers import tiny_model
+
+    src = tiny_model(tmp_path / "deberta", "deberta-v2", max_position_embeddings=64, position_biased_input=False,
+                     relative_attention=True)
+    raw = tiny_recipe(src, tiny_data)
+    raw["benchmark"]["max_length"] = 256
+    validate_recipe(raw)
+
+
+def test_label_names_and_num_labels_must_agree(base):
+    base["data"]["label_names"] = ["negative", "positive"]
+    validate_recipe(base)
+    base["data"]["num_labels"] = 3
+    assert "label_names has 2 names" in str(error_of(base))
+    base["data"].pop("num_labels")
+    for bad in (["negative"], ["a", "A"], ["0", "1"]):
+        base["data"]["label_names"] = bad
+        assert error_of(base).key == "data.label_names"
+
+
+def test_a_head_used_as_is_with_another_label_count_fails_validation(tiny_classifier, tiny_data):
+    """26.5 at validation: the classifier has 2 labels, the recipe says 3 classes."""
+    raw = tiny_recipe(tiny_classifier, tiny_data)
+    raw["stages"] = [{"id": "int8", "uses": "quantize_dynamic", "from": "model"}]
+    raw["budget"]["baseline"] = "model"
+    raw["data"]["num_labels"] = 3
+    err = error_of(raw)
+    assert err.key == "data.num_labels" and "classification head has 2" in str(err) and "finetune" in str(err)
+    # A finetune stage fits a new head: the same data is fine there.
+    raw = tiny_recipe(tiny_classifier, tiny_data)
+    raw["data"]["num_labels"] = 3
+    validate_recipe(raw)

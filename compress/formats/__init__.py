@@ -20,10 +20,21 @@ LOADERS: dict[str, str] = {
     "cascade": "compress.formats.cascade:load",
     "onnx": "compress.formats.onnx:load",
     "bnb_4bit": "compress.formats.bnb_4bit:load",
+    "openvino": "compress.formats.openvino:load",
 }
 
 # Formats with no GPU kernels: benchmarked on the CPU only (a note says so on a GPU machine).
-CPU_ONLY = {"torch_int8": "torch dynamic INT8 has CUDA kernels for no layer"}
+CPU_ONLY = {
+    "torch_int8": "torch dynamic INT8 has CUDA kernels for no layer",
+    "openvino": "OpenVINO runs on Intel CPUs and GPUs, not on CUDA devices",
+}
+
+# The runtime that runs each format, named in every report row (the format alone does not
+# say it: `hf` runs with torch, `onnx` with onnxruntime).
+RUNTIMES = {
+    "hf": "torch", "torch_int8": "torch", "bnb_4bit": "torch+bitsandbytes",
+    "onnx": "onnxruntime", "openvino": "openvino", "cascade": "cascade",
+}
 
 # Files that are tokenizer or bookkeeping, not model: left out of "size on disk".
 NON_MODEL_FILES = {
@@ -40,6 +51,9 @@ class Predictor:
     device: str = "cpu"
     notes: list[str]
     input_names: tuple[str, ...] | None = None  # inputs the model takes; None: all the tokenizer gives
+    # True: the batch must also carry the raw texts ("text", "text_pair": object arrays [B]),
+    # because the predictor tokenizes some inputs itself (a cascade whose members tokenize differently).
+    takes_text: bool = False
 
     def __init__(self, path: Path):
         self.path = path
@@ -77,3 +91,28 @@ def load_predictor(fmt: str, path: Path, device: str, threads: int, options: dic
         raise ValueError(f"format '{fmt}' cannot be benchmarked; known: {', '.join(sorted(LOADERS))}")
     module, func = LOADERS[fmt].split(":")
     return getattr(importlib.import_module(module), func)(path, device, threads, options or {})
+
+
+def write_labels(folder: Path, id2label: dict[int, str]) -> bool:
+    """Records the class names (id2label / label2id) in a variant folder's config.json, so
+    that transformers pipelines and Optimum answer `positive` rather than LABEL_1. Leaves a
+    folder without config.json, or whose head has another label count, as it is; returns
+    whether it wrote."""
+    import json
+
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    old = config.get("id2label")
+    if isinstance(old, dict) and len(old) != len(id2label):
+        return False
+    config["id2label"] = {str(i): name for i, name in id2label.items()}
+    config["label2id"] = {name: i for i, name in id2label.items()}
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return True

@@ -8,6 +8,13 @@ Folder layout (written by the `cascade` stage):
 
 The small model runs on the whole batch; the rows whose top softmax probability is below
 the threshold run again through the large model, and its logits replace the small one's.
+
+The members may have different tokenizers (a trimmed vocabulary in front of the full one).
+The batch the cascade is called with is tokenized with the small member's tokenizer, as
+every variant's batch is tokenized with its own, outside the timed call; when the large
+member's tokenizer differs, the batch also carries the raw texts (`text`, `text_pair`:
+object arrays [B], see `takes_text`) and the cascade tokenizes the routed rows for the
+large member inside its call, so the benchmark's latency includes that extra cost.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import numpy as np
 from compress.formats import CPU_ONLY, Predictor, load_predictor
 
 SPEC_FILE = "cascade.json"
+TEXT_KEYS = ("text", "text_pair")  # raw inputs [B] in a batch, beside the token arrays
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def member_path(member: dict, cascade_folder: Path) -> Path:
@@ -37,28 +46,45 @@ def top_probability(logits: np.ndarray) -> np.ndarray:
 
 
 def _member_inputs(pred: Predictor, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    batch = {k: v for k, v in batch.items() if k not in TEXT_KEYS}
     if pred.input_names is None:
         return batch
     return {k: v for k, v in batch.items() if k in pred.input_names}
 
 
+def same_tokenizer(a, b) -> bool:
+    """Whether two tokenizers map text to the same ids (None: a test double, taken as equal)."""
+    if a is None or b is None or a is b:
+        return True
+    return type(a) is type(b) and a.get_vocab() == b.get_vocab()
+
+
 class CascadePredictor(Predictor):
     """Runs `small` on the batch, then `large` on the rows with top probability < threshold."""
 
-    def __init__(self, path: Path, small: Predictor, large: Predictor, threshold: float):
+    def __init__(self, path: Path, small: Predictor, large: Predictor, threshold: float,
+                 max_length: int | None = None):
         super().__init__(path)
         self.small, self.large, self.threshold = small, large, float(threshold)
-        self.tokenizer = small.tokenizer  # the stage checked that both share one vocabulary
+        self.max_length = max_length  # where the large member's own tokenization cuts
+        self.tokenizer = small.tokenizer  # callers tokenize the batch for the small member
         self.device = small.device
+        # takes_text: the large member tokenizes differently, so the batch must carry the texts.
+        self.takes_text = not same_tokenizer(small.tokenizer, large.tokenizer)
         names = (small.input_names, large.input_names)
-        # Inputs the cascade takes: everything when a member takes whatever it is given.
-        self.input_names = None if None in names else tuple(dict.fromkeys((*names[0], *names[1])))
+        if self.takes_text:  # the token arrays are the small member's only
+            self.input_names = small.input_names
+        else:  # inputs the cascade takes: everything when a member takes whatever it is given
+            self.input_names = None if None in names else tuple(dict.fromkeys((*names[0], *names[1])))
         devices = {getattr(m, "effective_device", m.device) for m in (small, large)}
         if len(devices) == 1:
             self.effective_device = devices.pop()
         else:
             self.effective_device = "+".join(sorted(devices))
         self.notes = [f"small: {n}" for n in small.notes] + [f"large: {n}" for n in large.notes]
+        if self.takes_text:
+            self.notes.append("the members have different tokenizers: the large one's tokenization of the "
+                              "inputs sent to it is timed, inside the cascade's call")
         self.reset_counts()
 
     def reset_counts(self) -> None:
@@ -80,12 +106,27 @@ class CascadePredictor(Predictor):
         self._seen += logits.shape[0]
         self._routed += rows.size
         if rows.size:
-            sub = {k: v[rows] for k, v in batch.items()}
-            if "attention_mask" in sub:  # drop the columns that are padding in every routed row
-                width = int(sub["attention_mask"].sum(axis=1).max())
-                sub = {k: v[:, :width] for k, v in sub.items()}
-            logits[rows] = self.large(_member_inputs(self.large, sub))
+            logits[rows] = self.large(self._large_inputs(batch, rows))
         return logits
+
+    def _large_inputs(self, batch: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The routed rows as the large member takes them: re-tokenized from the texts with
+        its own tokenizer, or (one tokenizer) the small member's arrays cut to the longest row."""
+        if self.takes_text:
+            if "text" not in batch:
+                raise ValueError("this cascade's members have different tokenizers: its batch must carry the raw "
+                                 "texts under 'text' (object array [B]) beside the token arrays")
+            texts = [str(t) for t in batch["text"][rows]]
+            pairs = [str(t) for t in batch["text_pair"][rows]] if "text_pair" in batch else None
+            kw = {"truncation": True, "max_length": self.max_length} if self.max_length else {}
+            enc = self.large.tokenizer(texts, pairs, padding=True, return_tensors="np", **kw)
+            sub = {k: np.asarray(enc[k], dtype=np.int64) for k in TOKEN_KEYS if k in enc}
+            return _member_inputs(self.large, sub)
+        sub = {k: v[rows] for k, v in batch.items() if k not in TEXT_KEYS}
+        if "attention_mask" in sub:  # drop the columns that are padding in every routed row
+            width = int(sub["attention_mask"].sum(axis=1).max())
+            sub = {k: v[:, :width] for k, v in sub.items()}
+        return _member_inputs(self.large, sub)
 
     def sync(self) -> None:
         self.small.sync()
@@ -118,4 +159,4 @@ def load(path: Path, device: str, threads: int, options: dict) -> CascadePredict
         # A CPU-only member (torch INT8) runs on the CPU in a cascade benchmarked on a GPU;
         # the predictor then reports the mixed placement (effective_device "cpu+cuda").
         members.append(load_predictor(m["format"], where, "cpu" if m["format"] in CPU_ONLY else device, threads, options))
-    return CascadePredictor(path, members[0], members[1], spec["threshold"])
+    return CascadePredictor(path, members[0], members[1], spec["threshold"], options.get("max_length"))

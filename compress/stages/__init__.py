@@ -6,6 +6,7 @@ from compress.stages import finetune, quantize_dynamic
 from compress.stages import cascade
 from compress.stages import distill, prune, trim_vocab
 from compress.stages import export_onnx, load_4bit, optimize_onnx, quantize_onnx
+from compress.stages import export_openvino, quantize_openvino
 
 STAGES: dict[str, StageKind] = {
     kind.name: kind
@@ -19,6 +20,8 @@ STAGES: dict[str, StageKind] = {
         export_onnx.KIND,
         optimize_onnx.KIND,
         quantize_onnx.KIND,
+        export_openvino.KIND,
+        quantize_openvino.KIND,
         load_4bit.KIND,
     )
 }

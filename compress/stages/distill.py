@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from compress.architectures import get as get_arch
 from compress.registry import StageKind, StageResult
 from compress.train import TrainSettings
 
@@ -152,6 +153,9 @@ class Result(StageResult):
     teacher_cache: dict
     teacher_train_accuracy: float
     teacher_precision: str | None = None  # of the live teacher (hidden-state loss); None without it
+    # Why the student has no fewer weights than its teacher (ALBERT's shared layers), else None:
+    # the report and the decision show it beside the variant.
+    not_smaller: str | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,7 +216,8 @@ def cached_teacher_logits(
     seconds = 0.0
     if logits is None:
         t0 = time.perf_counter()
-        logits = predict_logits(teacher, tokenizer, data, batch_size, ctx.device)
+        with ctx.progress(len(data), "teacher logits") as bar:
+            logits = predict_logits(teacher, tokenizer, data, batch_size, ctx.device, on_batch=bar.advance)
         seconds = time.perf_counter() - t0
         tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
         with open(tmp, "wb") as fh:
@@ -317,15 +322,20 @@ def layer_list(model):
 # The stage
 
 
-def default_layers(n_teacher: int) -> list[int]:
+def default_layers(n_teacher: int, model_type: str | None = None) -> list[int]:
     """Every other layer, counted from the last: 6 -> [1, 3, 5], 12 -> [1, 3, ..., 11].
 
     DistilBERT took [0, 2, ..., 10] of a pretrained teacher. A fine-tuned teacher's head
     reads the last layer's output, and keeping that layer matters: on SST-2 with a MiniLM-L6
     teacher, the untrained 3-layer student [1, 3, 5] agrees with the teacher on ~85% of
     held-out examples, [0, 2, 4] on ~54% (chance level).
+    Families whose first layer is built differently (ModernBERT) keep layer 0 first instead.
     """
-    return list(range(n_teacher - 1, -1, -2))[::-1]
+    layers = list(range(n_teacher - 1, -1, -2))[::-1]
+    arch = get_arch(model_type)
+    if arch is not None and arch.first_layer_special and layers[0] != 0:
+        layers[0] = 0
+    return layers
 
 
 def check_model(cfg: Config, model_config: dict) -> str | None:
@@ -335,12 +345,30 @@ def check_model(cfg: Config, model_config: dict) -> str | None:
         bad = [i for i in cfg.layers if i >= n]
         if bad:
             return f"layers: teacher has {n} layers (0..{n - 1}); no layer {bad[0]}"
+    arch = get_arch(model_config.get("model_type"))
+    if cfg.layers is not None and arch is not None and arch.first_layer_special and cfg.layers[0] != 0:
+        return (f"layers: {arch.family}'s layer 0 is built differently from the others (no attention "
+                f"norm), so a student must start with teacher layer 0, e.g. [0, ...]")
     return None
+
+
+def not_smaller_reason(model_type: str | None, n_teacher: int, n_student: int) -> str | None:
+    """Why a copied-layers student is not smaller than its teacher (shared layers), or None."""
+    arch = get_arch(model_type)
+    if arch is None or not arch.shared_layers:
+        return None
+    return (f"{arch.family} shares one set of layer weights across its passes: the student runs it "
+            f"{n_student} times instead of {n_teacher} (faster), but has as many weights as its teacher")
 
 
 def copy_layers(teacher, layers: list[int]):
     """A student: the teacher's architecture keeping only `layers` (in that order), with
-    those layers' weights, embeddings and head copied from the teacher."""
+    those layers' weights, embeddings and head copied from the teacher.
+
+    Where the layers live comes from compress/architectures.py (e.g. `bert.encoder.layer.3.`,
+    `model.layers.3.`); families with shared layers (ALBERT) have no per-layer weights: the
+    student applies the shared layer len(layers) times. Unlisted families fall back to any
+    `.layer.N.` key."""
     import copy
     import re
 
@@ -352,10 +380,15 @@ def copy_layers(teacher, layers: list[int]):
         config.pruned_heads = {i: list(config.pruned_heads[t]) for i, t in enumerate(layers) if t in config.pruned_heads}
     student = AutoModelForSequenceClassification.from_config(config)
     where = {t: i for i, t in enumerate(layers)}
-    pattern = re.compile(r"^(.*\.layer\.)(\d+)(\..*)$")
+    arch = get_arch(config.model_type)
+    if arch is None:
+        pattern = re.compile(r"^(.*\.layer\.)(\d+)(\..*)$")
+    else:  # "<base prefix>.<layers path>.N." (a path with `*` names no single list)
+        prefix = re.escape(f"{teacher.base_model_prefix}.{arch.layers}.")
+        pattern = re.compile(rf"^({prefix})(\d+)(\..*)$")
     state = {}
     for key, value in teacher.state_dict().items():
-        m = pattern.match(key)
+        m = None if arch is not None and arch.shared_layers else pattern.match(key)
         if m is None:
             state[key] = value.clone()
         elif int(m.group(2)) in where:
@@ -384,7 +417,7 @@ def run(ctx) -> Result:
         raise StageError(f"{ctx.stage_id}: {problem}")
 
     if cfg.student is None:
-        layers = cfg.layers if cfg.layers is not None else default_layers(n_teacher)
+        layers = cfg.layers if cfg.layers is not None else default_layers(n_teacher, teacher.config.model_type)
         student = copy_layers(teacher, layers)
         pairs = list(enumerate(layers))
         origin: list[int] | str = layers
@@ -423,6 +456,12 @@ def run(ctx) -> Result:
         ctx, student, teacher, tokenizer, cfg, pairs, description=f"{ctx.stage_id}: distill"
     )
     hf.save(student, tokenizer, ctx.out)
+    params = sum(p.numel() for p in student.parameters())
+    not_smaller = None
+    if params >= params_teacher:
+        not_smaller = (not_smaller_reason(teacher.config.model_type, n_teacher, student.config.num_hidden_layers)
+                       or f"the student has {params:,} weights, its teacher {params_teacher:,}")
+        ctx.log(f"  not smaller than its teacher: {not_smaller}")
     ctx.log(
         f"  student {student.config.num_hidden_layers} layers (from {origin}), {stats.examples} examples in "
         f"{stats.seconds:.0f}s ({stats.examples_per_s:.0f} ex/s)"
@@ -435,7 +474,9 @@ def run(ctx) -> Result:
         student_layers=student.config.num_hidden_layers,
         initialised_from=origin,
         params_teacher=params_teacher,
-        params=sum(p.numel() for p in student.parameters()),
+        params=params,
+        not_smaller=not_smaller,
+        notes=[f"not smaller than its teacher: {not_smaller}"] if not_smaller else [],
         teacher_cache=cache_info,
         teacher_train_accuracy=round(teacher_acc, 3),
         teacher_precision=teacher_precision(cfg, ctx.device),
@@ -451,4 +492,5 @@ KIND = StageKind(
     accepts=("hf",),
     produces="hf",
     check_model=check_model,
+    keeps_architecture=lambda cfg: cfg.student is None,  # another student: another architecture
 )

@@ -46,7 +46,7 @@ def run(ctx) -> Result:
     from optimum.exporters.onnx import onnx_export_from_model
     from transformers import AutoTokenizer
 
-    from compress.errors import StageError
+    from compress import parity as parity_check
     from compress.formats import hf, onnx as onnx_fmt
 
     cfg: Config = ctx.config
@@ -77,13 +77,10 @@ def run(ctx) -> Result:
         f"  parity on {parity['examples']} eval sentences: max |logit diff| {parity['max_abs_diff']:.2e}, "
         f"label agreement {parity['label_agreement']:.2f}%"
     )
-    if parity["max_abs_diff"] > cfg.tolerance or parity["label_agreement"] < cfg.min_label_agreement:
-        raise StageError(
-            f"{ctx.stage_id}: ONNX export does not match its torch source: max |logit diff| "
-            f"{parity['max_abs_diff']:.3g} (tolerance {cfg.tolerance:g}), label agreement "
-            f"{parity['label_agreement']:.2f}% (minimum {cfg.min_label_agreement:g}%); "
-            f"try another opset or raise with.tolerance"
-        )
+    parity_check.require(
+        parity, stage_id=ctx.stage_id, what="ONNX export does not match its torch source", tolerance=cfg.tolerance,
+        min_label_agreement=cfg.min_label_agreement, hint="try another opset or raise with.tolerance",
+    )
     return Result(format="onnx", opset=opset, inputs=inputs, parity=parity)
 
 

@@ -32,6 +32,8 @@ def run(ctx) -> Result:
     torch.set_num_threads(ctx.threads)
     set_seed(cfg.seed)  # the new head's initialisation depends on it
     tokenizer = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    id2label = ctx.data.id2label  # class names, when the data has them: saved in config.json
+    names = {"id2label": id2label, "label2id": {n: i for i, n in id2label.items()}} if id2label else {}
     model, info = AutoModelForSequenceClassification.from_pretrained(
         ctx.input.path,
         num_labels=ctx.num_labels,
@@ -39,6 +41,7 @@ def run(ctx) -> Result:
         trust_remote_code=ctx.recipe.model.trust_remote_code,
         use_safetensors=True,  # never the pickle beside it
         output_loading_info=True,
+        **names,
     )
     model = hf.only_head_initialised(model, info, ctx.input.path)
     data = encode(tokenizer, ctx.data.train, cfg.max_length)
@@ -66,4 +69,6 @@ KIND = StageKind(
     run=run,
     accepts=("checkpoint", "hf"),
     produces="hf",
+    keeps_architecture=lambda cfg: True,
+    new_head=True,
 )

@@ -18,6 +18,11 @@ training examples) smaller in each model we compared: 0.24 against 0.53, 0.38 ag
 The attention fusion reads each layer's head count from the graph, so pruned models
 (uneven heads) fuse too.
 
+Model types: the fusion rules are onnxruntime's, chosen through Optimum's table of model
+types (every family in compress/architectures.py has an entry). A model type without one
+(or whose rules onnxruntime cannot apply) is not an error: the graph is copied unchanged with
+a note, since onnxruntime still applies its generic rewrites when it loads the graph.
+
 Order with quantize_onnx: both orders work. Quantizing a fused graph needs shape
 information for onnxruntime's own operators, which quantize_onnx computes first.
 """
@@ -58,11 +63,18 @@ def run(ctx) -> Result:
 
     from optimum.onnxruntime import AutoOptimizationConfig, ORTOptimizer
 
+    from compress.artifacts import copy_side_files
     from compress.errors import StageError
     from compress.formats import onnx as onnx_fmt
 
     cfg: Config = ctx.config
     src = onnx_fmt.model_file(ctx.input.path)
+    unknown = _no_fusion_rules(ctx.input.path)
+    if unknown:
+        shutil.copy2(src, ctx.out / src.name)
+        copy_side_files(ctx.input.path, ctx.out)
+        ctx.log(f"  {unknown}")
+        return Result(format="onnx", level=cfg.level, operators={}, parity={}, notes=[unknown])
     optimizer = ORTOptimizer.from_pretrained(ctx.input.path, file_names=[src.name])
     # for_gpu=False: fusions that run on every execution provider; the CUDA provider
     # runs the fused graph too.
@@ -80,7 +92,7 @@ def run(ctx) -> Result:
     finally:
         for lg, lv in zip(loggers, levels):
             lg.setLevel(lv)
-    _copy_side_files(ctx.input.path, ctx.out, shutil)
+    copy_side_files(ctx.input.path, ctx.out)
 
     import onnx
 
@@ -100,12 +112,22 @@ def run(ctx) -> Result:
     return Result(format="onnx", level=cfg.level, operators=dict(sorted(ops.items())), parity=parity, notes=notes)
 
 
-def _copy_side_files(src, dst, shutil) -> None:
-    """Tokenizer and config travel with the graph (the ONNX tools write only their own files)."""
-    for f in src.iterdir():
-        if f.is_file() and not f.name.endswith(".onnx") and f.name not in ("result.json", "_complete.json", "ort_config.json") \
-                and not (dst / f.name).exists():
-            shutil.copy2(f, dst / f.name)
+def _no_fusion_rules(folder) -> str | None:
+    """Why onnxruntime's optimizer has no rules for the exported model's type, or None."""
+    import json
+
+    from optimum.onnxruntime.utils import ORTConfigManager
+
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        model_type = None
+    try:
+        ORTConfigManager.check_optimization_supported_model(model_type, None)
+    except (KeyError, NotImplementedError):
+        return (f"onnxruntime's transformer optimizer has no fusion rules for model type '{model_type}': "
+                f"the graph is copied unchanged (onnxruntime still applies its generic rewrites when it loads it)")
+    return None
 
 
 KIND = StageKind(

@@ -24,41 +24,26 @@ ranking with uneven widths is not offered.
 `recovery: true` then fine-tunes the pruned model briefly with distillation from the
 unpruned input (the distill stage's loss and cached teacher logits).
 
-Architectures: BERT-family encoders (BERT, MiniLM and other `bert` models, RoBERTa,
-DistilBERT); others are refused at validation when the model's config.json is at hand,
-else when the stage starts.
+Architectures: the families in compress/architectures.py (BERT, DistilBERT, RoBERTa,
+XLM-RoBERTa, ELECTRA, DeBERTa-v2/v3, ALBERT, MPNet, ModernBERT). How heads go depends on
+what transformers rebuilds from config.json: per layer where it records `pruned_heads`; not
+at all for DeBERTa-v2, MPNet and ModernBERT (`heads: 0` there; their FFN prunes). ALBERT shares one set of layer
+weights across all its passes: pruning removes heads and neurons from that shared layer, so
+every pass loses them (importance sums over the passes). Other families are refused at
+validation when their config.json can be known then (the recipe's model, through finetune
+and distill), else when the stage starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, PositiveInt
 
+# The per-family description (where the projections live) is shared with distill.
+from compress.architectures import ARCHS, Arch, get as get_arch, unsupported  # noqa: F401
 from compress.registry import StageKind, StageResult
 from compress.stages.distill import DistillSettings
-
-
-@dataclass(frozen=True)
-class Arch:
-    """Where the prunable parts of one layer are (dotted paths from a layer module)."""
-
-    qkv: tuple[str, str, str]  # query, key, value projections [heads*d, hidden]
-    attn_out: str  # output projection [hidden, heads*d]
-    ffn_in: str  # [intermediate, hidden]
-    ffn_out: str  # [hidden, intermediate]
-    width_key: str  # config key of the intermediate width
-
-
-_BERT = Arch(("attention.self.query", "attention.self.key", "attention.self.value"),
-             "attention.output.dense", "intermediate.dense", "output.dense", "intermediate_size")
-ARCHS: dict[str, Arch] = {
-    "bert": _BERT,
-    "roberta": _BERT,
-    "distilbert": Arch(("attention.q_lin", "attention.k_lin", "attention.v_lin"),
-                       "attention.out_lin", "ffn.lin1", "ffn.lin2", "hidden_dim"),
-}
 
 
 class Config(DistillSettings):
@@ -95,8 +80,11 @@ class Result(StageResult):
 
 def check_model(cfg: Config, model_config: dict) -> str | None:
     mt = model_config.get("model_type")
-    if mt not in ARCHS:
-        return f"prune supports model types {', '.join(sorted(ARCHS))}; this model is '{mt}'"
+    arch = get_arch(mt)
+    if arch is None:
+        return unsupported("prune", mt)
+    if cfg.heads > 0 and arch.heads == "none":
+        return f"heads: {arch.heads_why}; set heads: 0 to prune only the FFN"
     return None
 
 
@@ -111,38 +99,61 @@ def _set(module, path: str, value) -> None:
     setattr(_get(module, parent) if parent else module, name, value)
 
 
+def layer_list(model, arch: Arch) -> list:
+    """The distinct layer modules, in order (ALBERT: each shared layer once, groups flattened
+    in the order transformers numbers them for `prune_heads`)."""
+    found = [model.base_model]
+    for part in arch.layers.split("."):
+        found = [m for f in found for m in f] if part == "*" else [getattr(f, part) for f in found]
+    return [layer for group in found for layer in group]
+
+
 def head_dim(model) -> int:
     return model.config.hidden_size // model.config.num_attention_heads
 
 
 def current_heads(model, layer: int) -> list[int]:
     """Original indices of the heads layer `layer` still has, in weight order."""
-    gone = set(model.config.pruned_heads.get(layer, []))
+    gone = set((model.config.pruned_heads or {}).get(layer, []))
     return [h for h in range(model.config.num_attention_heads) if h not in gone]
 
 
-def importance_scores(model, arch: Arch, method: str, batches=()):
+def qkv_weights(layer, arch: Arch, d: int):
+    """Query, key and value weights per head: [3, heads, d, hidden]."""
+    import torch
+
+    if len(arch.qkv) == 1:  # fused [3*heads*d, hidden]
+        w = _get(layer, arch.qkv[0]).weight.detach()
+        return w.view(3, -1, d, w.shape[1])
+    return torch.stack([_get(layer, p).weight.detach().view(-1, d, layer_hidden(layer, arch)) for p in arch.qkv])
+
+
+def importance_scores(model, arch: Arch, method: str, batches=(), on_batch=None):
     """Head scores [per layer: tensor [heads now]] and FFN scores [per layer: tensor [width]].
 
-    `batches`: padded training batches (dicts of tensors incl. labels) for `gradient`.
+    `batches`: padded training batches (dicts of tensors incl. labels) for `gradient`;
+    `on_batch(n)` after each (a progress bar's advance).
+    Shared layers (ALBERT) run several times per forward pass: their hooks fire on every
+    pass, so a score sums over the passes.
     """
     import torch
     import torch.nn.functional as F
 
-    from compress.stages.distill import layer_list
-
-    layers = layer_list(model)
+    layers = layer_list(model, arch)
     d = head_dim(model)
     if method == "magnitude":
         heads, ffn = [], []
         for layer in layers:
-            qkv = torch.stack([_get(layer, p).weight.detach().view(-1, d, layer_hidden(layer, arch)) for p in arch.qkv])
+            qkv = qkv_weights(layer, arch, d)  # [3, h, d, hidden]
             out = _get(layer, arch.attn_out).weight.detach()  # [hidden, h*d]
             out = out.view(out.shape[0], -1, d).transpose(0, 1)  # [h, hidden, d]
             heads.append((qkv.pow(2).sum(dim=(0, 2, 3)) + out.pow(2).sum(dim=(1, 2))).sqrt())
-            w_in = _get(layer, arch.ffn_in).weight.detach()  # [I, hidden]
+            w_in = _get(layer, arch.ffn_in).weight.detach()  # [I, hidden] ([2I, hidden] with GLU)
             w_out = _get(layer, arch.ffn_out).weight.detach()  # [hidden, I]
-            ffn.append((w_in.pow(2).sum(1) + w_out.pow(2).sum(0)).sqrt())
+            rows = w_in.pow(2).sum(1)
+            if arch.glu:  # a neuron has a value row and a gate row
+                rows = rows.view(2, -1).sum(0)
+            ffn.append((rows + w_out.pow(2).sum(0)).sqrt())
         return heads, ffn
 
     # gradient: masks of ones on each head's context vector and each neuron's activation
@@ -169,6 +180,8 @@ def importance_scores(model, arch: Arch, method: str, batches=()):
             grads = torch.autograd.grad(loss, head_masks + ffn_masks)
             for acc, g in zip(heads + ffn, grads):
                 acc += g.abs()
+            if on_batch is not None:
+                on_batch(int(batch["labels"].shape[0]))
     finally:
         for h in hooks:
             h.remove()
@@ -219,26 +232,28 @@ def apply_pruning(model, arch: Arch, remove_heads: list[list[int]], keep_neurons
     import torch
     from transformers.pytorch_utils import prune_linear_layer
 
-    from compress.stages.distill import layer_list
-
-    plan = {}
-    for li, pos in enumerate(remove_heads):
-        if pos:
-            now = current_heads(model, li)
-            plan[li] = [now[p] for p in pos]  # transformers wants original head indices
-    if plan:
+    layers = layer_list(model, arch)
+    if any(remove_heads):
+        assert arch.heads == "uneven", f"{arch.family}: heads cannot be removed"
+        plan = {}
+        for li, pos in enumerate(remove_heads):
+            if pos:
+                now = current_heads(model, li)
+                plan[li] = [now[p] for p in pos]  # transformers wants original head indices
         model.prune_heads(plan)  # updates config.pruned_heads too
     widths = {len(k) for k in keep_neurons}
     assert len(widths) == 1, "FFN widths must be uniform"
-    for layer, keep in zip(layer_list(model), keep_neurons):
+    width_now = getattr(model.config, arch.width_key)
+    for layer, keep in zip(layers, keep_neurons):
         index = torch.tensor(keep, dtype=torch.long)
-        _set(layer, arch.ffn_in, prune_linear_layer(_get(layer, arch.ffn_in), index, dim=0))
+        rows = torch.cat([index, index + width_now]) if arch.glu else index  # GLU: value and gate rows
+        _set(layer, arch.ffn_in, prune_linear_layer(_get(layer, arch.ffn_in), rows, dim=0))
         _set(layer, arch.ffn_out, prune_linear_layer(_get(layer, arch.ffn_out), index, dim=1))
     setattr(model.config, arch.width_key, widths.pop())
 
 
-def total_heads(model) -> int:
-    return sum(len(current_heads(model, i)) for i in range(model.config.num_hidden_layers))
+def total_heads(model, arch: Arch) -> int:
+    return sum(len(current_heads(model, i)) for i in range(len(layer_list(model, arch))))
 
 
 def run(ctx) -> Result:
@@ -258,8 +273,12 @@ def run(ctx) -> Result:
     problem = check_model(cfg, model.config.to_dict())
     if problem:
         raise StageError(f"{ctx.stage_id}: {problem}")
-    arch = ARCHS[model.config.model_type]
-    heads_before, ffn_before = total_heads(model), getattr(model.config, arch.width_key)
+    arch = get_arch(model.config.model_type)
+    notes = []
+    if arch.shared_layers:
+        notes.append(f"{arch.family} shares its layer weights across its {model.config.num_hidden_layers} passes: "
+                     f"heads and FFN neurons were removed from the shared layer, so every pass loses them")
+    heads_before, ffn_before = total_heads(model, arch), getattr(model.config, arch.width_key)
     params_before = sum(p.numel() for p in model.parameters())
 
     batches = []
@@ -270,11 +289,12 @@ def run(ctx) -> Result:
         for idx in length_sorted_batches(enc.lengths, 32):
             b = pad([{k: v for k, v in enc.features[i].items() if k != "idx"} for i in idx])
             batches.append({k: v.to(ctx.device) for k, v in b.items()})
-    head_scores, ffn_scores = importance_scores(model, arch, cfg.importance, batches)
+    with ctx.progress(sum(int(b["labels"].shape[0]) for b in batches), "importance") as bar:
+        head_scores, ffn_scores = importance_scores(model, arch, cfg.importance, batches, on_batch=bar.advance)
     remove = choose_heads(head_scores, cfg.heads, cfg.scope)
     keep = choose_neurons(ffn_scores, cfg.ffn)
     apply_pruning(model, arch, remove, keep)
-    heads_after, ffn_after = total_heads(model), getattr(model.config, arch.width_key)
+    heads_after, ffn_after = total_heads(model, arch), getattr(model.config, arch.width_key)
     ctx.log(f"  heads {heads_before} -> {heads_after}, FFN width {ffn_before} -> {ffn_after} ({cfg.importance} importance)")
 
     recovery = None
@@ -287,11 +307,13 @@ def run(ctx) -> Result:
 
     model.eval()
     hf.save(model, tokenizer, ctx.out)
+    pruned = {int(k): sorted(v) for k, v in (model.config.pruned_heads or {}).items()}
     return Result(
         format="hf",
+        notes=notes,
         heads_before=heads_before,
         heads_after=heads_after,
-        pruned_heads={int(k): sorted(v) for k, v in model.config.pruned_heads.items()},
+        pruned_heads=pruned,
         ffn_before=ffn_before,
         ffn_after=ffn_after,
         params_before=params_before,
@@ -311,4 +333,5 @@ KIND = StageKind(
     accepts=("hf",),
     produces="hf",
     check_model=check_model,
+    keeps_architecture=lambda cfg: True,
 )

@@ -93,7 +93,8 @@ def run(ctx) -> Result:
         ctx.log(f"  calibration ({len(labels)} ex): fp32 {base_acc:.2f}, all INT8 {acc:.2f} (target drop <= {target:.2f})")
         steps = [{"fp32_layers": len(fp32_layers), "accuracy": acc}]
         if base_acc - acc > target and cfg.max_fp32_layers > 0:
-            ranked = _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg, quantized)
+            with ctx.progress(len([n for n in names if n not in forced]), "layer sensitivity") as bar:
+                ranked = _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg, quantized, bar.advance)
             best = (acc, list(fp32_layers), model, layers)
             for name in ranked[: cfg.max_fp32_layers]:
                 fp32_layers.append(name)
@@ -126,9 +127,10 @@ def run(ctx) -> Result:
     )
 
 
-def _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg: Config, quantized) -> list[str]:
+def _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg: Config, quantized, on_layer=None) -> list[str]:
     """Layers ordered by how much quantizing each one alone moves the logits:
-    mean KL(p_fp32 || p_int8) over `sensitivity_examples` calibration examples."""
+    mean KL(p_fp32 || p_int8) over `sensitivity_examples` calibration examples.
+    `on_layer(1)` after each layer (a progress bar's advance)."""
     import copy
 
     import torch
@@ -146,6 +148,8 @@ def _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg: Config, quanti
         one = torch_int8.quantize(copy.deepcopy(fp32), {name: cfg.scheme})
         out = torch.log_softmax(torch.from_numpy(predict_logits(one, tokenizer, enc)), -1)
         scores[name] = float(torch.nn.functional.kl_div(out, ref, log_target=True, reduction="batchmean"))
+        if on_layer is not None:
+            on_layer(1)
     return sorted(scores, key=lambda n: -scores[n])
 
 

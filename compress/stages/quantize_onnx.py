@@ -123,7 +123,7 @@ def run(ctx) -> Result:
     )
 
     from compress.formats import onnx as onnx_fmt
-    from compress.stages.optimize_onnx import _copy_side_files
+    from compress.artifacts import copy_side_files
 
     cfg: Config = ctx.config
     src = onnx_fmt.model_file(ctx.input.path)
@@ -154,7 +154,7 @@ def run(ctx) -> Result:
         if static:
             ranges = _calibrate(ctx, cfg, quantizer, ops, Path(tmp), AutoCalibrationConfig)
         quantizer.quantize(qconfig, ctx.out, file_suffix=None, calibration_tensors_range=ranges)
-    _copy_side_files(ctx.input.path, ctx.out, shutil)
+    copy_side_files(ctx.input.path, ctx.out)
 
     out_file = onnx_fmt.model_file(ctx.out)
     counts = collections.Counter(n.op_type for n in onnx.load(str(out_file)).graph.node)

@@ -14,11 +14,25 @@ the untrimmed input in which some training words, each one vocabulary entry, are
 into the pieces the trimmed vocabulary would give them if it lacked them; the teacher sees
 the text as it was, so the student learns to read a split word as the whole one.
 
-Only WordPiece fast tokenizers (BERT, MiniLM, DistilBERT, ...) are supported: WordPiece
-matches the longest known piece first, so every word of the corpus tokenizes exactly as
-before, while a word whose pieces are gone becomes [UNK] (its share of the eval tokens
-is reported). BPE and unigram vocabularies cannot simply lose entries (merges and
-segmentations depend on them) and are refused.
+Three kinds of fast tokenizer (tokenizer.json models) are trimmed, each keeping what its
+algorithm needs so that every corpus word tokenizes exactly as before:
+- WordPiece (BERT, MiniLM, DistilBERT, ELECTRA): the longest known piece matches first, so
+  dropping unused entries changes no corpus word; an eval word whose pieces are gone becomes
+  [UNK] unless `keep_characters` keeps the single characters.
+- BPE (RoBERTa, GPT-2 style byte-level, and byte-fallback BPE): every base symbol (each of
+  the 256 byte tokens, or whatever no merge produces) is kept, so no text becomes unknown; a
+  kept token keeps the merges that build it, recursively, and a merge stays only when its
+  two parts and its result are kept. BPE applies merges by rank, and the merges a corpus word
+  goes through are all kept, in the same order, so it splits as before.
+- Unigram (SentencePiece: XLM-R, DeBERTa-v3, ALBERT, T5): the best segmentation of a corpus
+  word uses kept pieces only, and dropping other pieces only removes alternatives. Every
+  single-character piece and byte-fallback piece is kept so that unseen words split into
+  characters rather than <unk>, and so is the lowest-scored piece, because the library scores
+  an unknown character relative to it.
+The eval split is re-tokenized for the report: the share of its tokens that changed (lost
+their entry, re-split) and of [UNK] before and after. Other models (WordLevel) are refused,
+at validation when the recipe's model folder has its tokenizer.json. `recovery` re-splits
+words the WordPiece way only, so it takes WordPiece tokenizers.
 """
 
 from __future__ import annotations
@@ -53,7 +67,8 @@ class Config(DistillSettings):
     keep_characters: bool = Field(
         False,
         description="Also keep every single-character token (and its `##` form), so that unseen words "
-        "split into characters instead of becoming [UNK] (about 2000 more rows for BERT vocabularies).",
+        "split into characters instead of becoming [UNK] (about 2000 more rows for BERT vocabularies). "
+        "WordPiece only: BPE and Unigram vocabularies always keep their bytes and characters.",
     )
     keep_top: NonNegativeInt = Field(
         0,
@@ -99,6 +114,7 @@ class Result(StageResult):
     params_before: int
     params_after: int
     corpus: str
+    tokenizer: str = "WordPiece"  # the tokenizer.json model kind: WordPiece, BPE or Unigram
     corpus_tokens: int
     eval_tokens: int
     eval_tokens_dropped: float  # share of eval tokens (old tokenizer) whose entry was dropped: re-split or [UNK]
@@ -134,12 +150,26 @@ def trimmed_tokenizer(tok, keep_ids: list[int]):
     from tokenizers import Tokenizer
 
     spec = json.loads(tok.backend_tokenizer.to_str())
-    old_vocab = spec["model"]["vocab"]  # token -> old id
-    by_id = {i: t for t, i in old_vocab.items()}
+    model = spec["model"]
+    if model["type"] == "Unigram":  # [[piece, score], ...]: the id is the position
+        by_id = {i: piece for i, (piece, _) in enumerate(model["vocab"])}
+    else:
+        by_id = {i: t for t, i in model["vocab"].items()}  # token -> old id
     for added in spec.get("added_tokens", []):
         by_id.setdefault(added["id"], added["content"])
     new_id = {by_id[i]: n for n, i in enumerate(keep_ids)}
-    spec["model"]["vocab"] = new_id
+    if model["type"] == "Unigram":
+        # Added tokens past the model's pieces (DeBERTa-v3's [MASK] is 128000) stay added tokens;
+        # they sort last, so the pieces keep ids 0..n-1.
+        model["vocab"] = [model["vocab"][i] for i in keep_ids if i < len(model["vocab"])]
+        if model.get("unk_id") is not None:
+            model["unk_id"] = new_id[by_id[model["unk_id"]]]
+    else:
+        model["vocab"] = new_id
+    if model["type"] == "BPE":  # a merge stays when its parts and its result do (see bpe_keep)
+        prefix = model.get("continuing_subword_prefix") or ""
+        model["merges"] = [m for m in model["merges"]
+                           if all(t in new_id for t in (*_pair(m), _merged(*_pair(m), prefix)))]
     for added in spec.get("added_tokens", []):
         added["id"] = new_id[added["content"]]
     if spec.get("post_processor"):
@@ -150,6 +180,72 @@ def trimmed_tokenizer(tok, keep_ids: list[int]):
     kwargs = {k: v for k, v in tok.init_kwargs.items()
               if k not in ("added_tokens_decoder", "vocab_file", "tokenizer_file", "name_or_path", "tokenizer_object")}
     return type(tok)(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), **kwargs)
+
+
+def _pair(merge) -> tuple[str, str]:
+    """A tokenizer.json merge: "a b" (older files) or ["a", "b"]."""
+    if isinstance(merge, str):
+        a, b = merge.split(" ", 1)
+        return a, b
+    return merge[0], merge[1]
+
+
+def _merged(a: str, b: str, prefix: str) -> str:
+    """The token a BPE merge makes: with a continuing-subword prefix (`##`), the right
+    part's prefix goes (a + ##b -> ab, ##a + ##b -> ##ab)."""
+    return a + (b[len(prefix):] if prefix and b.startswith(prefix) else b)
+
+
+def bpe_keep(model: dict, keep: set[int]) -> set[int]:
+    """`keep` (ids) plus what BPE needs: every base symbol (a token that no merge produces:
+    the 256 byte tokens of byte-level BPE, <0x..> byte-fallback tokens, single characters),
+    so that no text becomes unknown, and every part of the merges that build a kept token,
+    recursively, so that the kept tokens can still be reached."""
+    vocab: dict[str, int] = model["vocab"]
+    prefix = model.get("continuing_subword_prefix") or ""
+    made: dict[str, list[tuple[str, str]]] = {}
+    for m in model["merges"]:
+        a, b = _pair(m)
+        made.setdefault(_merged(a, b, prefix), []).append((a, b))
+    out = set(keep) | {i for t, i in vocab.items() if t not in made}
+    token_of = {i: t for t, i in vocab.items()}
+    todo = [token_of[i] for i in out if i in token_of]
+    while todo:
+        for a, b in made.get(todo.pop(), ()):
+            for part in (a, b):
+                if part in vocab and vocab[part] not in out:
+                    out.add(vocab[part])
+                    todo.append(part)
+    return out
+
+
+def unigram_keep(model: dict, keep: set[int]) -> set[int]:
+    """`keep` (ids) plus every single-character piece and byte-fallback piece (<0x41>), so
+    that an unseen word splits into characters or bytes instead of becoming <unk>, and the
+    lowest-scored piece: the library scores an unknown character from the lowest score in
+    the vocabulary, and a different score could change how corpus text splits."""
+    pieces = model["vocab"]
+    out = set(keep) | {i for i, (p, _) in enumerate(pieces) if len(p) == 1}
+    if model.get("byte_fallback"):
+        out |= {i for i, (p, _) in enumerate(pieces) if len(p) == 6 and p.startswith("<0x") and p.endswith(">")}
+    if pieces:
+        out.add(min(range(len(pieces)), key=lambda i: pieces[i][1]))
+    return out
+
+
+TRIMMABLE = ("WordPiece", "BPE", "Unigram")
+
+
+def check_tokenizer(cfg: "Config", tokenizer_json: dict) -> str | None:
+    """Validation-time check against the input's tokenizer.json."""
+    kind = tokenizer_json.get("model", {}).get("type")
+    if kind not in TRIMMABLE:
+        return (f"trim_vocab trims {', '.join(TRIMMABLE)} tokenizers, not this model's ({kind}); "
+                f"remove the stage for this model")
+    if cfg.recovery and kind != "WordPiece":
+        return (f"recovery: re-splitting words for recovery needs a WordPiece tokenizer (this one: {kind}); "
+                f"set recovery: false")
+    return None
 
 
 def resplitter(tok, keep_ids: set[int], prob: float, seed: int, max_length: int, stats: dict) -> "Callable[[Encoded], Encoded]":
@@ -240,16 +336,19 @@ def run(ctx) -> Result:
 
     from compress.errors import StageError
     from compress.formats import hf
+    from compress.sources import PADDING_OFFSET_TYPES
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
     tok = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
-    model_type = json.loads(tok.backend_tokenizer.to_str())["model"]["type"] if tok.is_fast else None
-    if model_type != "WordPiece":
-        raise StageError(
-            f"{ctx.stage_id}: trim_vocab supports WordPiece fast tokenizers only (this one: "
-            f"{model_type or 'a slow tokenizer'}); remove the stage for this model"
-        )
+    if not tok.is_fast:
+        raise StageError(f"{ctx.stage_id}: trim_vocab needs a fast tokenizer (tokenizer.json); this model has "
+                         f"only a slow one: remove the stage for this model")
+    tok_spec = json.loads(tok.backend_tokenizer.to_str())
+    model_type = tok_spec["model"]["type"]
+    problem = check_tokenizer(cfg, tok_spec)
+    if problem:
+        raise StageError(f"{ctx.stage_id}: {problem}")
     model = hf.load_model(ctx.input.path, ctx.recipe.model.trust_remote_code).eval()
     if model.get_output_embeddings() is not None:
         raise StageError(f"{ctx.stage_id}: the model ties its embeddings to an output layer; trim_vocab cannot cut it")
@@ -270,6 +369,10 @@ def run(ctx) -> Result:
         keep |= {i for i, _ in ordered[: cfg.keep_top]}
     if cfg.keep_characters:
         keep |= {i for t, i in vocab.items() if len(t) == 1 or (t.startswith("##") and len(t) == 3)}
+    if model_type == "BPE":
+        keep = bpe_keep(tok_spec["model"], keep)
+    elif model_type == "Unigram":
+        keep = unigram_keep(tok_spec["model"], keep)
     keep_ids = sorted(keep)
     remap = np.full(max(vocab.values()) + 1, -1, dtype=np.int64)  # old id -> new id (-1: dropped)
     remap[keep_ids] = np.arange(len(keep_ids))
@@ -307,6 +410,10 @@ def run(ctx) -> Result:
                                  padding_idx=int(remap[pad]) if pad is not None else None)
     with torch.no_grad():
         new_emb.weight.copy_(old_emb.weight[torch.tensor(keep_ids)])
+    if pad is not None and int(remap[pad]) != pad and model.config.model_type in PADDING_OFFSET_TYPES:
+        # These models number positions from the pad id: a new pad id would shift them all.
+        raise StageError(f"{ctx.stage_id}: the padding token would move from id {pad} to {int(remap[pad])}, which "
+                         f"{model.config.model_type} numbers positions from; keep every token below it (keep_top: {pad + 1})")
     model.set_input_embeddings(new_emb)
     model.config.vocab_size = len(keep_ids)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id"):
@@ -323,15 +430,18 @@ def run(ctx) -> Result:
     n_new = max(sum(len(x) for x in new_eval), 1)
     dropped = float((remap[flat_old] < 0).sum() / n_old)
     changed = float(np.mean([remap[o].tolist() != n for o, n in zip(old_eval, new_eval)])) if old_eval else 0.0
-    unk_before = float((flat_old == tok.unk_token_id).sum() / n_old)
-    unk_after = float(sum(x.count(new_tok.unk_token_id) for x in new_eval) / n_new)
+    unk_before = float((flat_old == tok.unk_token_id).sum() / n_old) if tok.unk_token_id is not None else 0.0
+    unk_after = float(sum(x.count(new_tok.unk_token_id) for x in new_eval) / n_new) if new_tok.unk_token_id is not None else 0.0
     params_after = sum(p.numel() for p in model.parameters())
     ctx.log(
         f"  vocabulary {vocab_before} -> {len(new_tok)}, parameters {params_before / 1e6:.1f}M -> "
         f"{params_after / 1e6:.1f}M; eval tokens dropped {dropped:.2%} (re-split or [UNK]), [UNK] "
         f"{unk_before:.2%} -> {unk_after:.2%}"
     )
-    notes = []
+    changed_tokens = int((remap[flat_old] < 0).sum())
+    notes = [f"{model_type} vocabulary: {changed_tokens} of {len(flat_old)} eval tokens ({dropped:.2%}) lost their "
+             f"entry and were re-split{' or became ' + str(tok.unk_token) if unk_after > unk_before else ''}; "
+             f"{changed:.1%} of eval examples tokenize differently"]
     if dropped > 0.01:
         notes.append(f"{dropped:.1%} of eval tokens lost their vocabulary entry (re-split or [UNK]); "
                      f"consider corpus: train_full or a larger keep_top")
@@ -342,6 +452,7 @@ def run(ctx) -> Result:
         params_before=params_before,
         params_after=params_after,
         corpus=cfg.corpus,
+        tokenizer=model_type,
         corpus_tokens=int(sum(counts.values())),
         eval_tokens=int(len(flat_old)),
         eval_tokens_dropped=round(dropped, 6),
@@ -355,11 +466,13 @@ def run(ctx) -> Result:
 
 KIND = StageKind(
     name="trim_vocab",
-    summary="Keep only the vocabulary the training corpus uses (WordPiece), cutting the embedding matrix.",
+    summary="Keep only the vocabulary the training corpus uses (WordPiece, BPE, Unigram), cutting the embedding matrix.",
     config=Config,
     result=Result,
     run=run,
     accepts=("hf",),
     produces="hf",
     new_tokenizer=True,
+    keeps_architecture=lambda cfg: True,
+    check_tokenizer=check_tokenizer,
 )

@@ -217,18 +217,105 @@ def test_recipe_checks_the_large_ref(tiny_checkpoint, tiny_data):
     assert exc.value.key == "stages[3].with.threshold"
 
 
-def test_recipe_refuses_members_with_different_tokenizers(tiny_checkpoint, tiny_data):
-    # trim_vocab renumbers the vocabulary: a cascade tokenises once for both members, so a
-    # trimmed member next to an untrimmed one is refused before anything runs.
+def test_recipe_accepts_members_with_different_tokenizers(tiny_checkpoint, tiny_data):
+    # trim_vocab renumbers the vocabulary: each member of a cascade tokenizes for itself,
+    # so a trimmed member in front of an untrimmed one is a valid cascade.
     recipe = tiny_recipe(tiny_checkpoint, tiny_data)
     recipe["stages"] += [
         {"id": "trimmed", "uses": "trim_vocab", "from": "baseline"},
         {"id": "c", "uses": "cascade", "from": "trimmed", "with": {"large": "baseline"}},
     ]
-    with pytest.raises(RecipeError) as exc:
-        validate_recipe(recipe)
-    assert exc.value.key == "stages[3].with.large" and "different tokenizers" in exc.value.message
-    # Both members below the same trim_vocab share its tokenizer: accepted.
-    recipe["stages"][3] = {"id": "t_int8", "uses": "quantize_dynamic", "from": "trimmed"}
-    recipe["stages"].append({"id": "c", "uses": "cascade", "from": "t_int8", "with": {"large": "trimmed"}})
     validate_recipe(recipe)
+
+
+class Tok:
+    """A tokenizer double: one id per word from its own vocabulary, padded with 0."""
+
+    def __init__(self, vocab: dict[str, int]):
+        self.vocab, self.calls = vocab, []
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def __call__(self, texts, pairs=None, padding=False, return_tensors=None, truncation=False, max_length=None):
+        self.calls.append((list(texts), max_length))
+        ids = [[self.vocab[w] for w in t.split()][: max_length or None] for t in texts]
+        width = max(len(x) for x in ids)
+        arr = np.array([x + [0] * (width - len(x)) for x in ids])
+        return {"input_ids": arr, "attention_mask": (arr != 0).astype(np.int64)}
+
+
+def test_members_with_different_tokenizers_each_read_the_text_with_their_own(tmp_path):
+    """The batch is tokenized for the small member; the routed rows are tokenized again,
+    from their texts, with the large member's tokenizer inside the cascade's call."""
+    for name in ("s", "l"):
+        (tmp_path / name).mkdir()
+    small_logits = np.array([[4.0, 0.0], [0.1, 0.0], [0.0, 3.0]], dtype=np.float32)  # row 1 is unsure
+    large_logits = np.zeros((40, 2), dtype=np.float32)
+    large_logits[21] = [0.0, 5.0]  # the large model's id for "so" (its own numbering)
+    small, large = Fixed(small_logits, tmp_path / "s", 1), Fixed(large_logits, tmp_path / "l", 2)
+    small.tokenizer = Tok({"good": 1, "so": 2, "bad": 3, "film": 4})
+    large.tokenizer = Tok({"good": 20, "so": 21, "bad": 22, "film": 23, "very": 24})
+    casc = CascadePredictor(tmp_path / "c", small, large, threshold=0.8, max_length=2)
+    assert casc.takes_text and casc.tokenizer is small.tokenizer
+    assert any("different tokenizers" in n for n in casc.notes)
+    batch = {"input_ids": np.array([[0, 4], [1, 4], [2, 4]]), "attention_mask": np.ones((3, 2), np.int64),
+             "text": np.array(["good film", "so film", "bad film"], dtype=object)}
+    out = casc(batch)
+    np.testing.assert_array_equal(out[[0, 2]], small_logits[[0, 2]])
+    np.testing.assert_array_equal(out[1], [0.0, 5.0])  # looked up by the large tokenizer's id 21
+    assert large.tokenizer.calls == [(["so film"], 2)]  # only the routed row, cut at max_length
+    assert large.calls[0]["input_ids"].tolist() == [[21, 23]]
+    assert "text" not in small.calls[0]  # token arrays only reach the members
+    with pytest.raises(ValueError, match="raw"):
+        casc({k: v for k, v in batch.items() if k != "text"})
+    large.tokenizer = Tok(dict(small.tokenizer.vocab))
+    assert not CascadePredictor(tmp_path / "c", small, large, threshold=0.8).takes_text
+
+
+def test_bench_worker_gives_a_text_taking_predictor_the_texts():
+    from compress.bench_worker import _encode, _pad
+
+    class P:
+        tokenizer = Tok({"a": 1, "b": 2})
+        tokenizer.pad_token_id = 0
+        input_names = None
+        takes_text = True
+
+    enc, pad = _encode(P(), ["a b", "b"], None, 8)
+    batch = _pad(enc, [1, 0], pad)
+    assert batch["text"].tolist() == ["b", "a b"] and batch["input_ids"].tolist() == [[2, 0], [1, 2]]
+
+
+def test_trimmed_onnx_int8_chain_in_front_of_the_baselines_onnx_int8(tiny_checkpoint, tiny_data, tmp_path):
+    """The default recipe's shape: the small member has a trimmed vocabulary (its own token
+    ids) and both members are ONNX INT8; the report compares the cascade with both."""
+    from compress.runner import run_recipe
+
+    recipe = tiny_recipe(tiny_checkpoint, tiny_data)
+    recipe["stages"] = recipe["stages"][:1] + [
+        {"id": "onnx", "uses": "export_onnx", "from": "baseline"},
+        {"id": "onnx_int8", "uses": "quantize_onnx", "from": "onnx"},
+        {"id": "trimmed", "uses": "trim_vocab", "from": "baseline"},
+        {"id": "small_onnx", "uses": "export_onnx", "from": "trimmed"},
+        {"id": "small_int8", "uses": "quantize_onnx", "from": "small_onnx"},
+        {"id": "cascade", "uses": "cascade", "from": "small_int8",
+         # threshold 1: every input goes on to the large member, re-tokenized with its own tokenizer
+         "with": {"large": "onnx_int8", "calibration_examples": 64, "max_length": 32, "threshold": 1.0}},
+    ]
+    report = run_recipe(validate_recipe(recipe), tmp_path, log=lambda m: None, threads=1)
+    spec = json.loads((tmp_path / "tiny" / "cascade" / "cascade.json").read_text())
+    assert spec["small"]["format"] == spec["large"]["format"] == "onnx"
+    rows = {r["id"]: r for r in report["rows"]}
+    casc = rows["cascade"]
+    assert casc["ok"], casc.get("error")
+    assert casc["members"]["small"]["id"] == "small_int8" and casc["members"]["large"]["id"] == "onnx_int8"
+    assert casc["members"]["large"]["accuracy"] == rows["onnx_int8"]["accuracy"]
+    # Every row answered by the large member from its own token ids: its very predictions.
+    assert casc["routed_share"] == 1.0 and casc["accuracy"] == rows["onnx_int8"]["accuracy"]
+    bench = {v: json.loads((tmp_path / "tiny" / "bench" / f"{v}.cpu.json").read_text()) for v in ("cascade", "onnx_int8")}
+    assert bench["cascade"]["predictions"] == bench["onnx_int8"]["predictions"]
+    assert any("different tokenizers" in n for n in casc["notes"])
+    assert any("of the eval inputs went on to 'onnx_int8'" in n for n in casc["notes"])
+    md = (tmp_path / "tiny" / "report.md").read_text()
+    assert "went on to 'onnx_int8'" in md

@@ -175,3 +175,98 @@ def test_chain_baseline_distill_prune_trim_runs_end_to_end(tiny_checkpoint, tiny
     assert sizes["trimmed"] < sizes["pruned"] < sizes["student"] < sizes["baseline"]
     assert np.load(run / "student" / "teacher_logits.npy").shape == (500, 2)
     assert json.loads((run / "pruned" / "config.json").read_text())["pruned_heads"]
+
+
+# --- Byte-level BPE (RoBERTa) and Unigram (XLM-R, DeBERTa-v3, ALBERT) vocabularies ----------
+
+UNSEEN = "the cinema with zebras was über naïve"  # words and characters the training split lacks
+
+
+@pytest.fixture(scope="module")
+def unseen_data(tiny_data, tmp_path_factory):
+    d = tmp_path_factory.mktemp("unseen")
+    (d / "train.tsv").write_text((tiny_data / "train.tsv").read_text())
+    (d / "dev.tsv").write_text(f"sentence\tlabel\n{UNSEEN}\t1\nthe film was bad\t0\n", encoding="utf-8")
+    return d
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta", "deberta-v2", "albert"])
+def test_bpe_and_unigram_vocabularies_trim_without_changing_corpus_text(model_type, unseen_data, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from tests.tiny_tokenizers import tiny_model
+
+    src = tiny_model(tmp_path / "src", model_type)
+    result = run_stage(src, unseen_data, tmp_path / "out", "trim_vocab", {})
+    out = tmp_path / "out"
+    old_tok, new_tok = AutoTokenizer.from_pretrained(src), AutoTokenizer.from_pretrained(out)
+    assert result.tokenizer == ("BPE" if model_type == "roberta" else "Unigram")
+    assert result.vocab_after == len(new_tok) < result.vocab_before
+    # Training text splits into the same tokens, and the renumbered model gives the same logits.
+    a = old_tok(IN_VOCAB, padding=True, return_tensors="pt")
+    b = new_tok(IN_VOCAB, padding=True, return_tensors="pt")
+    assert [old_tok.convert_ids_to_tokens(x) for x in a["input_ids"]] == \
+        [new_tok.convert_ids_to_tokens(x) for x in b["input_ids"]]
+    old = AutoModelForSequenceClassification.from_pretrained(src).eval()
+    new = AutoModelForSequenceClassification.from_pretrained(out, use_safetensors=True).eval()
+    with torch.inference_mode():
+        torch.testing.assert_close(new(**b).logits, old(**a).logits, atol=1e-5, rtol=0)
+    # Unseen words lose pieces but never become unknown: they split into smaller kept pieces.
+    assert result.eval_tokens_dropped > 0 and result.eval_unk_after == result.eval_unk_before == 0.0
+    assert new_tok.unk_token_id not in new_tok(UNSEEN)["input_ids"]
+    assert new_tok.decode(new_tok(UNSEEN, add_special_tokens=False)["input_ids"]).strip() == UNSEEN
+    assert "eval tokens" in result.notes[0] and "lost their entry" in result.notes[0]
+
+
+def test_byte_level_bpe_keeps_every_byte_and_only_merges_it_can_still_make(unseen_data, tmp_path):
+    from tokenizers import pre_tokenizers
+    from transformers import AutoTokenizer
+
+    from compress.stages.trim_vocab import _merged, _pair
+    from tests.tiny_tokenizers import tiny_model
+
+    src = tiny_model(tmp_path / "src", "roberta")
+    run_stage(src, unseen_data, tmp_path / "out", "trim_vocab", {})
+    before = json.loads(AutoTokenizer.from_pretrained(src).backend_tokenizer.to_str())["model"]
+    after = json.loads(AutoTokenizer.from_pretrained(tmp_path / "out").backend_tokenizer.to_str())["model"]
+    assert set(pre_tokenizers.ByteLevel.alphabet()) <= set(after["vocab"])  # all 256 byte symbols
+    kept = [tuple(_pair(m)) for m in after["merges"]]
+    assert 0 < len(kept) < len(before["merges"])
+    assert all(a in after["vocab"] and b in after["vocab"] and _merged(a, b, "") in after["vocab"] for a, b in kept)
+    order = {tuple(_pair(m)): i for i, m in enumerate(before["merges"])}
+    assert [order[m] for m in kept] == sorted(order[m] for m in kept)  # same ranks, same order
+
+
+def _wordlevel_folder(tiny_classifier, tmp_path):
+    """The tiny BERT classifier with a WordLevel tokenizer.json, a kind trim_vocab cannot trim."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    d = tmp_path / "wordlevel"
+    shutil.copytree(tiny_classifier, d)
+    vocab = json.loads((tiny_classifier / "tokenizer.json").read_text())["model"]["vocab"]
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+def test_a_tokenizer_kind_it_cannot_trim_is_refused_at_validation(tiny_classifier, tiny_data, tmp_path):
+    from tests.tiny_tokenizers import tiny_model
+
+    raw = tiny_recipe(_wordlevel_folder(tiny_classifier, tmp_path), tiny_data)
+    raw["stages"] = [raw["stages"][0], {"id": "trimmed", "uses": "trim_vocab", "from": "baseline"}]
+    with pytest.raises(RecipeError) as err:  # before any training: the baseline has not run
+        validate_recipe(raw)
+    assert err.value.key == "stages[1].uses" and "WordLevel" in str(err.value) and "\n" not in str(err.value)
+
+    # Recovery re-splits words the WordPiece way: refused for BPE, naming the key.
+    raw = tiny_recipe(tiny_model(tmp_path / "roberta", "roberta"), tiny_data)
+    raw["stages"] = [raw["stages"][0], {"id": "trimmed", "uses": "trim_vocab", "from": "baseline",
+                                        "with": {"recovery": True}}]
+    with pytest.raises(RecipeError) as err:
+        validate_recipe(raw)
+    assert err.value.key == "stages[1].with.recovery" and "WordPiece" in str(err.value)
+    raw["stages"][1]["with"] = {}
+    validate_recipe(raw)  # BPE itself is fine

@@ -1,0 +1,185 @@
+"""Model cards: a README.md with Hugging Face metadata in every variant folder, written
+after the benchmark from report.json, so that a folder (the selected one above all) can be
+shared or pushed to the hub as it is.
+
+The card is not part of the stage's output: compress/artifacts.py leaves MODEL_CARD out of
+a folder's checksums, so writing it never invalidates the stage cache, and it is rewritten
+with the latest figures on every run. Everything that comes from data, recipes or errors
+goes into the YAML front matter through yaml.safe_dump, and into the Markdown body through
+`_text` (no HTML, no line breaks, no Markdown table or front matter syntax).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from compress.artifacts import MARKER, MODEL_CARD
+
+# A hub id: "name" or "owner/name", as the hub spells them (no path, no scheme).
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?")
+LIBRARY = {"hf": "transformers", "torch_int8": "transformers", "bnb_4bit": "transformers", "onnx": "onnx"}
+
+
+def _hub_id(source: str | None) -> str | None:
+    if not source or source.startswith(("package:", ".", "/", "~")) or Path(source).exists():
+        return None
+    return source if _HUB_ID.fullmatch(source) and ".." not in source else None
+
+
+def _text(value, limit: int = 300) -> str:
+    """Text from a report (notes, errors, ids) made inert in Markdown: one line, no control
+    characters, no HTML, table and emphasis syntax escaped."""
+    s = re.sub(r"[\x00-\x1f\x7f]+", " ", str(value))
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    s = re.sub(r"([\\`*_\[\]|#!])", r"\\\1", s)
+    return s[:limit] + ("..." if len(s) > limit else "")
+
+
+def _code(value, limit: int = 200) -> str:
+    """Text for inside a Markdown code span: one line, no backticks (escapes do not work there)."""
+    s = re.sub(r"[\x00-\x1f\x7f]+", " ", str(value)).replace("`", "'")
+    return s[:limit] + ("..." if len(s) > limit else "")
+
+
+def _name(source: str | None) -> str:
+    """How a card names a model or dataset: a hub id or package as it is, a local path by
+    its last part (a shared card should not carry the paths of the machine that made it)."""
+    if not source:
+        return "?"
+    if _hub_id(source) or source.startswith("package:"):
+        return source
+    return Path(source).name or source
+
+
+def chain(recipe: dict, variant: str) -> list[dict]:
+    """The stages from the recipe's model to `variant`, in order: [{id, uses, with}]."""
+    stages = {s["id"]: s for s in recipe.get("stages", [])}
+    out, sid = [], variant
+    while sid in stages and len(out) <= len(stages):
+        out.append(stages[sid])
+        sid = stages[sid].get("from")
+    return out[::-1]
+
+
+def _settings(with_: dict, limit: int = 6) -> str:
+    items = [f"{k}={v}" for k, v in (with_ or {}).items() if v is not None and not isinstance(v, (dict, list))]
+    return ", ".join(items[:limit]) + (", ..." if len(items) > limit else "")
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def card(report: dict, variant: str) -> str:
+    """The README.md of one variant folder."""
+    import yaml
+
+    m = report["manifest"]
+    recipe = m["recipe"]
+    rows = [r for r in report["rows"] if r["id"] == variant]
+    ok = [r for r in rows if r.get("ok")]
+    fmt = rows[0]["format"] if rows else None
+    data_src = _name(recipe.get("data", {}).get("dataset"))
+    base = _hub_id(recipe.get("model", {}).get("source"))
+    dataset = _hub_id(recipe.get("data", {}).get("dataset"))
+    steps = chain(recipe, variant)
+    eval_split = recipe.get("data", {}).get("eval_split", "validation")
+
+    meta: dict = {}
+    if base:
+        meta["base_model"] = base
+    if dataset:
+        meta["datasets"] = [dataset]
+    meta["library_name"] = LIBRARY.get(fmt or "", "compress")
+    meta["pipeline_tag"] = "text-classification"
+    meta["tags"] = list(dict.fromkeys(["compress", "text-classification", *(s["uses"] for s in steps),
+                                       *([fmt] if fmt else [])]))
+    meta["metrics"] = ["accuracy", "f1"]
+    deciding = next((r for r in ok if r["device"] == report["decision"].get("device")), ok[0] if ok else None)
+    if deciding is not None:
+        meta["model-index"] = [{
+            "name": variant,
+            "results": [{
+                "task": {"type": "text-classification"},
+                "dataset": {"name": data_src, "type": dataset or data_src, "split": str(eval_split)},
+                "metrics": [
+                    {"type": "accuracy", "value": round(deciding["accuracy"], 2)},
+                    {"type": "f1", "name": "macro-F1", "value": round(deciding["macro_f1"], 2)},
+                ],
+            }],
+        }]
+
+    cpu = m["hardware"]["cpu"]
+    selected = report["decision"].get("selected") == variant
+    lines = [f"# {_text(variant)}", ""]
+    lines.append(
+        f"A text classifier (`{_code(fmt)}` format) made by compress from "
+        f"`{_code(_name(recipe.get('model', {}).get('source')))}`, "
+        f"evaluated on `{_code(data_src)}` ({_text(eval_split)} split, {m['data'].get('eval_examples')} examples)."
+        + (" **Selected for deployment** by this run." if selected else "")
+    )
+    lines += ["", "## Compression chain", ""]
+    lines += [f"{i}. `{_code(s['id'])}`: `{_code(s['uses'])}`" + (f" ({_text(_settings(s.get('with')))})"
+                                                             if _settings(s.get("with")) else "")
+              for i, s in enumerate(steps, 1)] or ["(the recipe's model, unchanged)"]
+    lines += ["", "## Measured", "",
+              "| device | accuracy % | delta vs baseline (95% CI) | macro-F1 % | size MB | p50 / p95 ms (batch 1) "
+              "| best throughput seq/s | $/1K | verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r.get("ok"):
+            lines.append(f"| {_text(r['device'])} | failed: {_text(r.get('error'), 120)} | | | | | | | |")
+            continue
+        ci = r.get("delta_ci95")
+        delta = "-" if r.get("delta") is None else f"{r['delta']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+        best = max(r.get("throughput", {}).values(), default=None)
+        lines.append(
+            f"| {_text(r['device'])} | {r['accuracy']:.2f} | {delta} | {r['macro_f1']:.2f} | {r['size_mb']:.1f} | "
+            f"{r['latency_ms']['p50']:.2f} / {r['latency_ms']['p95']:.2f} | {_num(best, ',.0f')} | "
+            f"{_num(r.get('usd_per_1k'), '.4f')} | {_text(r.get('verdict', ''))} |")
+    notes = [n for r in rows for n in r.get("notes", [])]
+    if notes:
+        lines += ["", *[f"- {_text(n)}" for n in notes]]
+    lines += ["", f"Baseline: `{_code(report['budget'].get('baseline'))}`. Machine: {_text(cpu.get('model'))} "
+              f"({_text(cpu.get('arch'))}, {m['threads']} threads of {cpu.get('cores')} cores). "
+              f"Accuracy at batch 1 over the whole eval split; latency at batch 1 after warm-up; the interval is a "
+              f"paired bootstrap 95% interval of the delta. compress {_text(m['versions'].get('compress', '?'))}, "
+              f"run started {_text(m.get('started', '?'))}."]
+    lines += ["", "## Use", "", *_usage(fmt)]
+    front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=False, width=1000)
+    return f"---\n{front}---\n\n" + "\n".join(lines) + "\n"
+
+
+def _usage(fmt: str | None) -> list[str]:
+    if fmt == "onnx":
+        return ["```python", "from optimum.onnxruntime import ORTModelForSequenceClassification",
+                "from transformers import AutoTokenizer, pipeline",
+                'clf = pipeline("text-classification", model=ORTModelForSequenceClassification.from_pretrained("."),'
+                ' tokenizer=AutoTokenizer.from_pretrained("."))', "```"]
+    if fmt == "hf":
+        return ["```python", "from transformers import pipeline", 'clf = pipeline("text-classification", model=".")',
+                "```"]
+    if fmt == "cascade":
+        return ["This folder names its two members (`cascade.json`, paths relative to the run folder): share the "
+                "run folder, or deploy the members with the routing rule (the small member answers when its top "
+                "probability reaches the threshold)."]
+    return [f"Load with `compress.formats.load_predictor({fmt!r}, path, 'cpu', threads)` (the `{fmt}` format "
+            "needs compress's loader)."]
+
+
+def write_model_cards(report: dict, run_dir: Path) -> list[Path]:
+    """A README.md in every measured variant's folder inside the run folder (the recipe's
+    own model, elsewhere, is left alone). Each is written atomically. Returns the paths."""
+    written = []
+    run_dir = Path(run_dir)
+    for variant in dict.fromkeys(r["id"] for r in report["rows"]):
+        folder = run_dir / variant
+        if not (folder / MARKER).is_file() or folder.resolve().parent != run_dir.resolve():
+            continue
+        path = folder / MODEL_CARD
+        tmp = run_dir / f".{variant}.{MODEL_CARD}.part"  # outside the folder: a leftover is no output file
+        tmp.write_text(card(report, variant), encoding="utf-8")
+        tmp.rename(path)
+        written.append(path)
+    return written
