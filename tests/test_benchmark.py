@@ -123,7 +123,7 @@ def test_the_worker_does_not_import_from_the_working_folder(tmp_path, monkeypatc
 def test_batch_sizes_beyond_the_eval_split_are_measured_as_the_whole_split(tmp_path, monkeypatch):
     jobs = []
 
-    def fake_worker(job, folder, vid, device, threads):
+    def fake_worker(job, folder, vid, device, threads, **_):
         jobs.append(job)
         return _worker_result([10.0] * 4)
 
@@ -143,7 +143,7 @@ def test_an_edited_or_malformed_cached_measurement_is_measured_again(tmp_path, m
 
     calls = []
 
-    def fake_worker(job, folder, vid, device, threads):
+    def fake_worker(job, folder, vid, device, threads, **_):
         calls.append(vid)
         return _worker_result([10.0] * 4)
 

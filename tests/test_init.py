@@ -87,7 +87,7 @@ def test_token_length_estimate():
 def _pairs(folder, first="premise", second="hypothesis"):
     folder.mkdir()
     for name, n in (("train", 40), ("dev", 8)):
-        rows = "".join(f"the film {i} was fine\tit was {'good' if i % 2 else 'bad'}\t"
+        rows = "".join(f"the {name} film {i} was fine\tit was {'good' if i % 2 else 'bad'}\t"
                        f"{'entailment' if i % 2 else 'contradiction'}\n" for i in range(n))
         (folder / f"{name}.tsv").write_text(f"{first}\t{second}\tlabel\n" + rows)
     return folder
@@ -118,7 +118,7 @@ def test_a_classifier_with_another_label_count_gets_a_finetune_stage(tiny_classi
     data.mkdir()
     for name in ("train", "dev"):
         (data / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(
-            f"sentence {i}\t{('bad', 'so-so', 'good')[i % 3]}\n" for i in range(30)))
+            f"{name} sentence {i}\t{('bad', 'so-so', 'good')[i % 3]}\n" for i in range(30)))
     text = init_mod.build(str(tiny_classifier), str(data), "sentence", "label", tmp_path / "r.yaml",
                           mach={"cores": 2, "gpu": False})
     raw = yaml.safe_load(text)
