@@ -96,7 +96,10 @@ class _Progress:
         if self._plain:
             if fields:
                 self._extra = extra
-            if now - self._last >= self._every and self.done < self.total:
+            # A little before the heartbeat's interval (measured from the last line anyone
+            # logged), so that a loop's own line, which says more, always comes first.
+            quiet = time.monotonic() - _last_line[0]
+            if quiet >= 0.8 * self._every and now - self._last >= 0.8 * self._every and self.done < self.total:
                 self._last = now
                 log("  " + progress_line(self.description, self.done, self.total, now - self.start,
                                          getattr(self, "_extra", "")))

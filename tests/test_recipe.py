@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -144,7 +145,7 @@ def test_default_recipe_validates_without_importing_torch():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-@pytest.mark.parametrize("name", ["bert_sentiment.yaml", "bert_sentiment_accurate.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parent.parent / "recipes").glob("*.yaml")))
 def test_shipped_recipes_validate_against_their_model_and_data(cli, name):
     from tests.conftest import ROOT
 
