@@ -234,7 +234,7 @@ def compare_members(rows: list[dict]) -> None:
                        f"{large['accuracy']:.2f} ('{large['id']}')")
             costs = (r.get("usd_per_1k"), small.get("usd_per_1k"), large.get("usd_per_1k"))
             if None not in costs:
-                fig.append(f"$/1K {costs[0]:.4f} against {costs[1]:.4f} and {costs[2]:.4f} "
+                fig.append(f"$/1K {costs[0]:.5f} against {costs[1]:.5f} and {costs[2]:.5f} "
                            f"({costs[0] / costs[2]:.2f}x the large member's)")
         r["notes"].append("; ".join(fig))
 
