@@ -147,7 +147,7 @@ def heartbeat(label: str, log_fn=None):
     def beat() -> None:
         while not stop.wait(min(every, 1.0)):
             now = time.monotonic()
-            if now - _last_line[0] >= every:
+            if now - max(_last_line[0], start) >= every:  # never sooner than `every` into the block
                 mark_logged()
                 write(f"{label}: still running ({duration(now - start)})")
 

@@ -127,3 +127,25 @@ def test_model_card_neutralises_text_from_data_and_errors():
     assert "<script>" not in body and "\n---\n" not in body and "base\\_model: evil \\| x" in body
     assert "base_model" not in body.replace("base\\_model", "")  # nothing a parser reads as metadata
     assert "../d" not in text  # a local path is named by its last part
+
+
+def test_the_heartbeat_waits_its_interval_from_the_start_of_its_block(monkeypatch):
+    """A block that starts long after the last logged line still gets its first
+    'still running' line only one interval in, never at once."""
+    import time
+
+    from compress import console
+
+    monkeypatch.setenv(console.PROGRESS_ENV, "0.3")
+    if console.err.is_terminal:  # pragma: no cover - a terminal gets bars, not heartbeat lines
+        pytest.skip("stderr is a terminal")
+    console._last_line[0] = time.monotonic() - 100.0  # nothing logged for a long time
+    lines: list[str] = []
+    with console.heartbeat("step", lines.append):
+        time.sleep(0.15)
+        early = list(lines)
+        deadline = time.monotonic() + 5.0
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert early == []
+    assert lines and lines[0].startswith("step: still running")
