@@ -342,12 +342,9 @@ def main() -> None:
     from compress.console import quiet_libraries
 
     quiet_libraries()  # before any library loads: its warnings would end up as a dead worker's error
-    try:  # a folder with custom code is an error here, never a question on stdin
-        from transformers import dynamic_module_utils
+    from compress.sources import never_prompt
 
-        dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
-    except Exception:  # pragma: no cover
-        pass
+    never_prompt()  # a folder with custom code is an error here, never a question on stdin
     try:
         result = measure_paired(spec) if spec.get("pair") else measure(spec)
     except Exception as exc:  # reported as a failed variant, not a failed run

@@ -15,7 +15,7 @@ from typing import Callable
 
 from compress import __version__
 from compress.artifacts import RESULT, Artifact, ArtifactStore, RunLock, digest
-from compress.console import heartbeat, stamped
+from compress.console import heartbeat, quiet_libraries, stamped
 from compress.console import log as default_log
 from compress.errors import ArtifactError, StageError
 from compress.recipe import BENCHMARKABLE, MODEL_ID, Recipe
@@ -80,10 +80,10 @@ def run_recipe(
     from compress.data import Data
     from compress.distributed import Processes
     from compress.formats import write_labels
-    from compress.sources import check_model_folder, first_nonfinite, resolve_model
+    from compress.sources import check_model_folder, first_nonfinite, never_prompt, resolve_model
 
-    _quiet_libraries()
-    _never_prompt()
+    quiet_libraries()  # library chatter drowns the run's own lines; COMPRESS_DEBUG=1 keeps it
+    never_prompt()
     log = stamped(log)  # the heartbeat stays quiet while lines are logged
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
@@ -110,7 +110,6 @@ def run_recipe(
         device = procs.device or _train_device()
         procs.share()  # the others start once the main process holds the lock and has swept
         stages_info: dict[str, dict] = {}
-        stage_seconds: dict[str, float] = {}  # this run's time per stage (0 when reused)
         model_checked = False
         for sid in topo_order(recipe):
             spec = recipe.stage(sid)
@@ -128,7 +127,6 @@ def run_recipe(
                 log(f"[{sid}] {kind.name}: up to date (reused)")
                 artifacts[sid] = cached
                 stages_info[sid] = {"uses": kind.name, "cached": True, "seconds": cached.result.get("seconds")}
-                stage_seconds[sid] = 0.0
                 continue
             log(f"[{sid}] {kind.name}: running ({'forced' if sid in force else why})")
             if not model_checked and MODEL_ID in (spec.source, *spec.config.refs().values()):
@@ -168,7 +166,6 @@ def run_recipe(
                 artifacts[sid] = _committed(store, sid, fp)
             log(f"[{sid}] done in {seconds:.1f}s")
             stages_info[sid] = {"uses": kind.name, "cached": False, "seconds": round(seconds, 2)}
-            stage_seconds[sid] = seconds
 
         procs.close()  # no collective call after the stages: the benchmark is the main process's
         if not procs.is_main:
@@ -176,21 +173,9 @@ def run_recipe(
         if not model_checked and recipe.budget.baseline == MODEL_ID:
             check_model_folder(model.path, recipe.model.trust_remote_code)  # benchmarked as it is
         report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
-                                       data_notes, stage_seconds)
+                                       data_notes)
     return report
 
-
-def _never_prompt() -> None:
-    """transformers asks on stdin "Do you wish to run the custom code? [y/N]" when a folder
-    holds custom code and a loader was not told trust_remote_code; a `y` there (or in a
-    piped stdin) would run it. Every loader here passes the recipe's setting; this turns
-    any prompt that slips through into an error."""
-    try:
-        from transformers import dynamic_module_utils
-
-        dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
-    except Exception:  # pragma: no cover - an older transformers without the prompt
-        pass
 
 
 def _check_model_against_recipe(recipe: Recipe, model) -> list[str] | None:
@@ -240,13 +225,6 @@ def _unk_note(recipe: Recipe, model_path: Path, data) -> str:
         note += "; every variant is blind to that text: check the file's encoding, or use a model whose vocabulary covers it"
     return note
 
-
-def _quiet_libraries() -> None:
-    """Library chatter (\"newly initialized weights\", deprecation notices) is expected
-    here and drowns the run's own lines; COMPRESS_DEBUG=1 keeps it."""
-    from compress.console import quiet_libraries
-
-    quiet_libraries()
 
 
 def _committed(store: ArtifactStore, sid: str, fp: str) -> Artifact:
@@ -301,12 +279,13 @@ def _json(obj) -> str:
     return json.dumps(obj, indent=1, default=str)
 
 
-def _timing(stage_seconds: dict, stages_info: dict, bench, bench_seconds: float, total: float) -> dict:
+def _timing(stages_info: dict, bench, bench_seconds: float, total: float) -> dict:
     """report.json `timing`: where this run's time went (reused stages and cached
     measurements count 0): per stage, per benchmark phase and per measured variant."""
-    stages = {sid: {"seconds": round(stage_seconds.get(sid, 0.0), 1), "reused": bool(info.get("cached"))}
+    spent = {sid: 0.0 if info.get("cached") else info["seconds"] for sid, info in stages_info.items()}
+    stages = {sid: {"seconds": round(spent[sid], 1), "reused": bool(info.get("cached"))}
               for sid, info in stages_info.items()}
-    stage_total = sum(stage_seconds.values())
+    stage_total = sum(spent.values())
     return {
         "seconds": round(total, 1),
         "stages": stages,
@@ -324,7 +303,7 @@ def _timing(stage_seconds: dict, stages_info: dict, bench, bench_seconds: float,
 
 
 def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
-                          data_notes=(), stage_seconds=None) -> dict:
+                          data_notes=()) -> dict:
     from compress import manifest
     from compress.benchmark import METHOD, BenchTiming, run_benchmarks
     from compress.decision import build_rows, decide
@@ -396,7 +375,7 @@ def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, 
             "seconds": round(time.perf_counter() - t_start, 1),
         },
     }
-    report["timing"] = _timing(stage_seconds or {}, stages_info, bench_timing, bench_seconds,
+    report["timing"] = _timing(stages_info, bench_timing, bench_seconds,
                                time.perf_counter() - t_start)
     write_reports(report, run_dir)
     write_model_cards(report, run_dir)

@@ -463,3 +463,16 @@ def check_model_folder(folder: Path, trust_remote_code: bool = False) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else exc.__class__.__name__)[:200]
+
+
+def never_prompt() -> None:
+    """transformers asks on stdin "Do you wish to run the custom code? [y/N]" when a folder
+    holds custom code and a loader was not told trust_remote_code; a `y` there (or in a
+    piped stdin) would run it. Every loader here passes the recipe's setting; this turns
+    any prompt that slips through into an error (in the run and in every benchmark worker)."""
+    try:
+        from transformers import dynamic_module_utils
+
+        dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
+    except Exception:  # pragma: no cover - an older transformers without the prompt
+        pass

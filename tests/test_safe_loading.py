@@ -113,7 +113,7 @@ def test_remote_code_is_off_unless_the_recipe_sets_it(tiny_checkpoint, tiny_data
 # Loaders of models, tokenizers and configs: transformers' own classes and ours. Optimum's
 # ORTQuantizer/ORTOptimizer read an ONNX graph we exported (from a model already checked)
 # and take no trust_remote_code; a prompt they might raise is turned into an error by
-# runner._never_prompt.
+# sources.never_prompt.
 _NOT_TRANSFORMERS_LOADERS = ("ORTQuantizer", "ORTOptimizer")
 
 
