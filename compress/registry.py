@@ -26,6 +26,15 @@ if TYPE_CHECKING:  # pragma: no cover
 Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade"]
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """A model a stage config names besides its stages (distill's `student`): a hub id,
+    local folder or `package:MODULE`, as the recipe's `model.source` takes them."""
+
+    source: str
+    revision: str | None = None
+
+
 class StageConfig(BaseModel):
     """Base of every stage's `with:` block: unknown keys are errors, never ignored."""
 
@@ -35,6 +44,11 @@ class StageConfig(BaseModel):
 
     def refs(self) -> dict[str, str]:
         """Other stages this one reads besides its `from` input, as {config key: stage id}."""
+        return {}
+
+    def sources(self) -> dict[str, ModelSource]:
+        """Models this stage reads that are neither stages nor the recipe's model, as {config
+        key: source}: their files enter the stage's fingerprint, so an edited folder re-runs it."""
         return {}
 
 

@@ -1,63 +1,34 @@
 """Runs a validated recipe: stages in dependency order (reusing every output whose
 fingerprint is unchanged), then the benchmark, the decision and the reports.
 
-The runner knows stages only through the registry: a new stage kind plugs in without a
-change here.
+The plan (compress/plan.py) is built once from the recipe; the executor here runs it. Who
+writes is decided once too: a role object (`_Leader` for the only process or the main one
+under `accelerate launch`, `_Follower` for the others, see compress/distributed.py) answers
+every question the loop has about locking, the cache and committing. The runner knows
+stages only through the registry: a new stage kind plugs in without a change here.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from compress import __version__
-from compress.artifacts import RESULT, Artifact, ArtifactStore, RunLock, digest
+from compress.artifacts import RESULT, Artifact, ArtifactStore, RunLock
 from compress.console import heartbeat, quiet_libraries, stamped
 from compress.console import log as default_log
 from compress.errors import ArtifactError, StageError
+from compress.plan import Plan, Step, build_plan, resolve_models
 from compress.recipe import BENCHMARKABLE, MODEL_ID, Recipe
-from compress.registry import get_stage
+from compress.registry import StageResult, get_stage  # looked up here at run time (tests swap a kind in)
 
-
-def topo_order(recipe: Recipe) -> list[str]:
-    """Stage ids, each after everything it reads (recipe order where free)."""
-    done: list[str] = []
-
-    def visit(sid: str) -> None:
-        if sid in done or sid == MODEL_ID:
-            return
-        spec = recipe.stage(sid)
-        for dep in [spec.source, *spec.config.refs().values()]:
-            visit(dep)
-        done.append(sid)
-
-    for s in recipe.stages:
-        visit(s.id)
-    return done
-
-
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def stage_fingerprint(recipe: Recipe, sid: str, artifacts: dict[str, Artifact], train_fp: str) -> str:
-    spec = recipe.stage(sid)
-    kind = get_stage(spec.uses)
-    return digest({
-        "kind": kind.name,
-        "config": spec.config.model_dump(mode="json"),
-        "input": artifacts[spec.source].identity,
-        "refs": {k: artifacts[v].identity for k, v in spec.config.refs().items()},
-        "budget": {k: getattr(recipe.budget, k) for k in kind.budget_keys},
-        "data": train_fp,
-        "versions": {"compress": __version__, "torch": _version("torch"), "transformers": _version("transformers")},
-    })
+if TYPE_CHECKING:  # pragma: no cover
+    from compress.data import Data
+    from compress.distributed import Processes
+    from compress.sources import ResolvedModel
 
 
 def run_recipe(
@@ -75,12 +46,9 @@ def run_recipe(
     stages and only the main one writes (see compress/distributed.py); the others
     return None once the stages are done.
     """
-    from contextlib import nullcontext
-
     from compress.data import Data
     from compress.distributed import Processes
-    from compress.formats import write_labels
-    from compress.sources import check_model_folder, first_nonfinite, never_prompt, resolve_model
+    from compress.sources import check_model_folder, never_prompt, resolve_model
 
     quiet_libraries()  # library chatter drowns the run's own lines; COMPRESS_DEBUG=1 keeps it
     never_prompt()
@@ -88,13 +56,12 @@ def run_recipe(
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
     run_dir = artifacts_root / recipe.name
-    procs = Processes()
-    if not procs.is_main:
-        log = _quiet()
-    with RunLock(run_dir) if procs.is_main else nullcontext():
+    plan = build_plan(recipe, get_stage)
+    role = _role(Processes(), CachePolicy(frozenset(force), rebuild))
+    log = role.logger(log)
+    with role.lock(run_dir):
         store = ArtifactStore(run_dir)
-        if procs.is_main:
-            store.sweep()  # temporary folders of an interrupted run are never trusted
+        role.prepare(store)
         model = resolve_model(recipe.model, recipe.base_dir)
         log(f"model: {recipe.model.source} ({model.format}, {model.origin})")
         head = _check_model_against_recipe(recipe, model)
@@ -104,78 +71,242 @@ def run_recipe(
             f"({data.sources['eval']})")
         for note in data.notes:
             log(f"data: note: {note}")
-        artifacts: dict[str, Artifact] = {MODEL_ID: Artifact(MODEL_ID, model.path, model.format, model.fingerprint)}
 
         threads = threads or recipe.benchmark.threads
-        device = procs.device or _train_device()
-        procs.share()  # the others start once the main process holds the lock and has swept
-        stages_info: dict[str, dict] = {}
-        model_checked = False
-        for sid in topo_order(recipe):
-            spec = recipe.stage(sid)
-            kind = get_stage(spec.uses)
-            fp = stage_fingerprint(recipe, sid, artifacts, data.train_fingerprint)
-            cached = None if sid in force or not procs.is_main else store.load(sid, fp)
-            _, why = (None, "") if cached is not None or not procs.is_main else store.check(sid, fp)
-            if procs.is_main and cached is None and not rebuild:
-                raise ArtifactError(
-                    f"[{sid}] {kind.name}: {'forced' if sid in force else why}; --no-rebuild forbids running "
-                    f"it (run without --no-rebuild to rebuild it)"
-                )
-            if procs.share(cached is not None):
-                cached = cached or _committed(store, sid, fp)
-                log(f"[{sid}] {kind.name}: up to date (reused)")
-                artifacts[sid] = cached
-                stages_info[sid] = {"uses": kind.name, "cached": True, "seconds": cached.result.get("seconds")}
-                continue
-            log(f"[{sid}] {kind.name}: running ({'forced' if sid in force else why})")
-            if not model_checked and MODEL_ID in (spec.source, *spec.config.refs().values()):
-                # Before the first stage that loads it: a broken model is a one-line error.
-                check_model_folder(model.path, recipe.model.trust_remote_code)
-                model_checked = True
-            tmp = store.begin(sid)
-            try:
-                ctx = _context(recipe, sid, artifacts, tmp, data, log, device, threads)
-                if not procs.is_main:  # derived data too stays with the main process
-                    ctx.cache_root = tmp / ".cache"
-                t0 = time.perf_counter()
-                with heartbeat(f"[{sid}] {kind.name}", log):
-                    result = kind.run(ctx)
-                seconds = time.perf_counter() - t0
-                bad = first_nonfinite(tmp)
-                if bad:  # diverged training (a huge lr) or a NaN input: never committed
-                    raise StageError(f"[{sid}] {kind.name}: its output has NaN or infinite weights ({bad}); not kept: "
-                                     f"lower the learning rate, or check the model it started from")
-                if not isinstance(result, kind.result) or result.format != kind.produces:
-                    raise StageError(f"{sid}: stage {kind.name} returned {type(result).__name__}, not its result type")
-                _test_pause(sid)
-                if procs.is_main:
-                    if data.id2label:  # every variant's config.json names the classes (pipelines answer names)
-                        write_labels(tmp, data.id2label)
-                    payload = result.model_dump(mode="json")
-                    payload["seconds"] = round(seconds, 2)
-                    (tmp / RESULT).write_text(_json(payload))
-                    artifacts[sid] = store.commit(sid, tmp, fp, kind.produces, {"stage": kind.name})
-            except BaseException:
-                store.discard(tmp)
-                raise
-            if not procs.is_main:
-                store.discard(tmp)
-            procs.share()  # the others wait for the commit, then read what was committed
-            if not procs.is_main:
-                artifacts[sid] = _committed(store, sid, fp)
-            log(f"[{sid}] done in {seconds:.1f}s")
-            stages_info[sid] = {"uses": kind.name, "cached": False, "seconds": round(seconds, 2)}
-
-        procs.close()  # no collective call after the stages: the benchmark is the main process's
-        if not procs.is_main:
+        executor = Executor(plan, recipe, store, role, data, model, log,
+                            device=role.procs.device or _train_device(), threads=threads)
+        role.procs.share()  # the others start once the main process holds the lock and has swept
+        executor.run()
+        role.procs.close()  # no collective call after the stages: the benchmark is the main process's
+        if not role.reports:
             return None
-        if not model_checked and recipe.budget.baseline == MODEL_ID:
+        if not executor.model_checked and recipe.budget.baseline == MODEL_ID:
             check_model_folder(model.path, recipe.model.trust_remote_code)  # benchmarked as it is
-        report = _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
-                                       data_notes)
+        stages_info = {sid: outcome.info() for sid, outcome in executor.outcomes.items()}
+        report = _benchmark_and_decide(recipe, executor.artifacts, data, model, run_dir, stages_info, log, started,
+                                       t_start, threads, data_notes)
     return report
 
+
+# ---------------------------------------------------------------------------------------
+# The cache policy and the roles of the run's processes
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """--force and --no-rebuild: which finished outputs may be reused, and whether a stage
+    may run at all."""
+
+    force: frozenset[str] = frozenset()
+    rebuild: bool = True
+
+    def lookup(self, store: ArtifactStore, step: Step, fp: str) -> tuple[Artifact | None, str]:
+        """(the reusable output, '') or (None, why the stage runs)."""
+        if step.id in self.force:
+            cached, why = None, "forced"
+        else:
+            cached = store.load(step.id, fp)
+            why = "" if cached is not None else store.check(step.id, fp)[1]
+        if cached is None and not self.rebuild:
+            raise ArtifactError(
+                f"{step.describe()}: {why}; --no-rebuild forbids running it (run without --no-rebuild to rebuild it)"
+            )
+        return cached, why
+
+
+class _Role:
+    """What one process of the run does around each stage. Every process runs every stage
+    (training needs all of them) and calls `procs.share` at the same places."""
+
+    reports: bool  # runs the benchmark, the decision and the reports
+
+    def __init__(self, procs: "Processes") -> None:
+        self.procs = procs
+
+    def agree(self, reuse: bool) -> bool:
+        """The main process's decision to reuse a stage, the same in every process."""
+        return bool(self.procs.share(reuse))
+
+
+class _Leader(_Role):
+    """The only process, or the main one of several: holds the run lock, looks in the cache,
+    and commits every output."""
+
+    reports = True
+
+    def __init__(self, procs: "Processes", cache: CachePolicy) -> None:
+        super().__init__(procs)
+        self.cache = cache
+
+    def logger(self, log: Callable[[str], None]) -> Callable[[str], None]:
+        return log
+
+    def lock(self, run_dir: Path) -> AbstractContextManager:
+        return RunLock(run_dir)
+
+    def prepare(self, store: ArtifactStore) -> None:
+        store.sweep()  # temporary folders of an interrupted run are never trusted
+
+    def lookup(self, store: ArtifactStore, step: Step, fp: str) -> tuple[Artifact | None, str]:
+        return self.cache.lookup(store, step, fp)
+
+    def reused(self, store: ArtifactStore, step: Step, fp: str, cached: Artifact | None) -> Artifact:
+        assert cached is not None
+        return cached
+
+    def cache_root(self, tmp: Path) -> Path | None:
+        return None  # the run folder's .cache (StageContext.cache_dir)
+
+    def keep(self, store: ArtifactStore, step: Step, fp: str, tmp: Path, result: StageResult, seconds: float,
+             id2label: dict[int, str] | None) -> Artifact:
+        from compress.formats import write_labels
+
+        if id2label:  # every variant's config.json names the classes (pipelines answer names)
+            write_labels(tmp, id2label)
+        payload = result.model_dump(mode="json")
+        payload["seconds"] = round(seconds, 2)
+        (tmp / RESULT).write_text(_json(payload))
+        return store.commit(step.id, tmp, fp, step.kind.produces, {"stage": step.kind.name})
+
+    def committed(self, store: ArtifactStore, step: Step, fp: str, own: Artifact | None) -> Artifact:
+        assert own is not None
+        return own
+
+
+class _Follower(_Role):
+    """Another process under `accelerate launch`: prints nothing, writes into throw-away
+    folders, and goes on from what the main process committed."""
+
+    reports = False
+
+    def logger(self, log: Callable[[str], None]) -> Callable[[str], None]:
+        return _quiet()
+
+    def lock(self, run_dir: Path) -> AbstractContextManager:
+        return nullcontext()  # the main process holds it for the run
+
+    def prepare(self, store: ArtifactStore) -> None:
+        pass  # sweeping is the main process's (it may already be writing)
+
+    def lookup(self, store: ArtifactStore, step: Step, fp: str) -> tuple[Artifact | None, str]:
+        return None, ""  # the main process decides (see agree)
+
+    def reused(self, store: ArtifactStore, step: Step, fp: str, cached: Artifact | None) -> Artifact:
+        return _committed(store, step.id, fp)
+
+    def cache_root(self, tmp: Path) -> Path | None:
+        return tmp / ".cache"  # derived data too stays with the main process
+
+    def keep(self, store: ArtifactStore, step: Step, fp: str, tmp: Path, result: StageResult, seconds: float,
+             id2label: dict[int, str] | None) -> None:
+        return None
+
+    def committed(self, store: ArtifactStore, step: Step, fp: str, own: Artifact | None) -> Artifact:
+        return _committed(store, step.id, fp)
+
+
+def _role(procs: "Processes", cache: CachePolicy) -> _Leader | _Follower:
+    return _Leader(procs, cache) if procs.is_main else _Follower(procs)
+
+
+# ---------------------------------------------------------------------------------------
+# The executor
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """How a stage of this run went, for report.json `stages` and `timing`."""
+
+    uses: str
+    cached: bool
+    seconds: float | None  # a reused stage: the time it took when it ran
+
+    def info(self) -> dict:
+        return {"uses": self.uses, "cached": self.cached, "seconds": self.seconds}
+
+
+@dataclass
+class Executor:
+    """Runs a plan's stages in order, reusing what the cache policy allows."""
+
+    plan: Plan
+    recipe: Recipe
+    store: ArtifactStore
+    role: _Leader | _Follower
+    data: "Data"
+    model: "ResolvedModel"
+    log: Callable[[str], None]
+    device: str
+    threads: int
+    # Called with the stage id once its output is written and checked, before the commit.
+    before_commit: Callable[[str], None] = field(default=lambda sid: _test_pause(sid))
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+    outcomes: dict[str, StageOutcome] = field(default_factory=dict)
+    model_checked: bool = False
+
+    def run(self) -> dict[str, Artifact]:
+        m = self.model
+        self.artifacts[MODEL_ID] = Artifact(MODEL_ID, m.path, m.format, m.fingerprint)
+        for step in self.plan.steps:
+            models = resolve_models(step, self.recipe.base_dir) if step.models else None
+            fp = self.plan.fingerprint(step, self.artifacts, self.data.train_fingerprint, models)
+            cached, why = self.role.lookup(self.store, step, fp)
+            if self.role.agree(cached is not None):
+                art = self.role.reused(self.store, step, fp, cached)
+                self.log(f"{step.describe()}: up to date (reused)")
+                self.artifacts[step.id] = art
+                self.outcomes[step.id] = StageOutcome(step.kind.name, True, art.result.get("seconds"))
+                continue
+            self.log(f"{step.describe()}: running ({why})")
+            if step.reads_model:
+                self.check_model()  # before the first stage that loads it: a broken model is a one-line error
+            self.artifacts[step.id], seconds = self._run_step(step, fp)
+            self.log(f"[{step.id}] done in {seconds:.1f}s")
+            self.outcomes[step.id] = StageOutcome(step.kind.name, False, round(seconds, 2))
+        return self.artifacts
+
+    def check_model(self) -> None:
+        from compress.sources import check_model_folder
+
+        if not self.model_checked:
+            check_model_folder(self.model.path, self.recipe.model.trust_remote_code)
+            self.model_checked = True
+
+    def _run_step(self, step: Step, fp: str) -> tuple[Artifact, float]:
+        from compress.sources import first_nonfinite
+
+        tmp = self.store.begin(step.id)
+        try:
+            ctx = self._context(step, tmp)
+            t0 = time.perf_counter()
+            with heartbeat(step.describe(), self.log):
+                result = step.kind.run(ctx)
+            seconds = time.perf_counter() - t0
+            bad = first_nonfinite(tmp)
+            if bad:  # diverged training (a huge lr) or a NaN input: never committed
+                raise StageError(f"{step.describe()}: its output has NaN or infinite weights ({bad}); not kept: "
+                                 f"lower the learning rate, or check the model it started from")
+            if not isinstance(result, step.kind.result) or result.format != step.kind.produces:
+                raise StageError(f"{step.id}: stage {step.kind.name} returned {type(result).__name__}, "
+                                 f"not its result type")
+            self.before_commit(step.id)
+            own = self.role.keep(self.store, step, fp, tmp, result, seconds, self.data.id2label)
+        except BaseException:
+            self.store.discard(tmp)
+            raise
+        if own is None:  # not committed by this process: the folder was only for the stage to write into
+            self.store.discard(tmp)
+        self.role.procs.share()  # the others wait for the commit, then read what was committed
+        return self.role.committed(self.store, step, fp, own), seconds
+
+    def _context(self, step: Step, out: Path):
+        from compress.context import StageContext
+
+        return StageContext(
+            stage_id=step.id, config=step.config, input=self.artifacts[step.source], out=out, recipe=self.recipe,
+            refs={k: self.artifacts[v] for k, v in step.refs.items()}, _data=lambda: self.data, log=self.log,
+            device=self.device, threads=self.threads, seed=self.recipe.data.seed, cache_root=self.role.cache_root(out),
+        )
 
 
 def _check_model_against_recipe(recipe: Recipe, model) -> list[str] | None:
@@ -254,17 +385,6 @@ def _test_pause(sid: str) -> None:
     if os.environ.get("COMPRESS_TEST_PAUSE_IN") == sid:
         default_log(f"[{sid}] paused before commit (COMPRESS_TEST_PAUSE_IN)")
         time.sleep(float(os.environ.get("COMPRESS_TEST_PAUSE_SECONDS", "600")))
-
-
-def _context(recipe, sid, artifacts, out, data, log, device, threads):
-    from compress.context import StageContext
-
-    spec = recipe.stage(sid)
-    return StageContext(
-        stage_id=sid, config=spec.config, input=artifacts[spec.source], out=out, recipe=recipe,
-        refs={k: artifacts[v] for k, v in spec.config.refs().items()}, _data=lambda: data, log=log,
-        device=device, threads=threads, seed=recipe.data.seed,
-    )
 
 
 def _train_device() -> str:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from compress.architectures import get as get_arch
-from compress.registry import StageKind, StageResult
+from compress.registry import ModelSource, StageKind, StageResult
 from compress.train import TrainSettings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -140,6 +140,9 @@ class Config(DistillSettings):
         if self.student_revision is not None and self.student is None:
             raise ValueError("`student_revision` needs `student`")
         return self
+
+    def sources(self) -> dict[str, ModelSource]:
+        return {} if self.student is None else {"student": ModelSource(self.student, self.student_revision)}
 
 
 class Result(StageResult):
