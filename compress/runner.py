@@ -75,7 +75,7 @@ def run_recipe(
         threads = threads or recipe.benchmark.threads
         executor = Executor(plan, recipe, store, role, data, model, log,
                             device=role.procs.device or _train_device(), threads=threads)
-        role.procs.share()  # the others start once the main process holds the lock and has swept
+        role.barrier()  # the others start once the main process holds the lock and has swept
         executor.run()
         role.procs.close()  # no collective call after the stages: the benchmark is the main process's
         if not role.reports:
@@ -126,6 +126,10 @@ class _Role:
     def agree(self, reuse: bool) -> bool:
         """The main process's decision to reuse a stage, the same in every process."""
         return bool(self.procs.share(reuse))
+
+    def barrier(self) -> None:
+        """Every process waits here for the others (for the main process's commit)."""
+        self.procs.share()
 
 
 class _Leader(_Role):
@@ -296,7 +300,7 @@ class Executor:
             raise
         if own is None:  # not committed by this process: the folder was only for the stage to write into
             self.store.discard(tmp)
-        self.role.procs.share()  # the others wait for the commit, then read what was committed
+        self.role.barrier()  # the others wait for the commit, then read what was committed
         return self.role.committed(self.store, step, fp, own), seconds
 
     def _context(self, step: Step, out: Path):

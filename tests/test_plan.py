@@ -198,3 +198,29 @@ def test_an_edited_student_folder_runs_distill_again(tiny_classifier_4l, tiny_cl
     (student / "config.json").write_text(json.dumps({**config, "classifier_dropout": 0.3}))
     lines, info = run()
     assert any("distill: running (inputs or settings changed)" in ln for ln in lines), lines
+
+
+def test_the_cache_policy_of_force_and_no_rebuild(tiny_classifier, tiny_data, tmp_path):
+    from compress.artifacts import ArtifactStore
+    from compress.errors import ArtifactError
+    from compress.runner import CachePolicy
+
+    raw = tiny_recipe(tiny_classifier, tiny_data)
+    raw["stages"] = [{"id": "int8", "uses": "quantize_dynamic"}]
+    raw["budget"] = {"baseline": "model"}
+    step = build_plan(validate_recipe(raw)).step("int8")
+    store = ArtifactStore(tmp_path)
+    tmp = store.begin("int8")
+    (tmp / "w.bin").write_bytes(b"weights")
+    store.commit("int8", tmp, "fp1", "torch_int8")
+
+    assert CachePolicy().lookup(store, step, "fp1")[0].fingerprint == "fp1"
+    assert CachePolicy().lookup(store, step, "fp2") == (None, "inputs or settings changed")
+    assert CachePolicy(frozenset({"int8"})).lookup(store, step, "fp1") == (None, "forced")
+    assert CachePolicy(rebuild=False).lookup(store, step, "fp1")[0] is not None
+    with pytest.raises(ArtifactError) as err:
+        CachePolicy(frozenset({"int8"}), rebuild=False).lookup(store, step, "fp1")
+    assert str(err.value) == ("[int8] quantize_dynamic: forced; --no-rebuild forbids running it "
+                              "(run without --no-rebuild to rebuild it)")
+    with pytest.raises(ArtifactError, match=r"^\[int8\] quantize_dynamic: inputs or settings changed; --no-rebuild"):
+        CachePolicy(rebuild=False).lookup(store, step, "fp2")
