@@ -16,7 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, 
                       model_validator)
 
 from compress.errors import ModelSourceError, RecipeError
-from compress.registry import Format, StageConfig, get_stage, registry
+from compress.registry import Format, StageConfig, get_stage
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 MODEL_ID = "model"  # the recipe's model, usable as `from: model` and `budget.baseline: model`
@@ -503,7 +503,6 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
     if recipe.name.lower() in WINDOWS_DEVICES:
         raise RecipeError(where, "name", f"'{recipe.name}' is a device name on Windows, not a folder; choose another name")
 
-    kinds = registry()
     seen: dict[str, int] = {}
     for i, spec in enumerate(recipe.stages):
         if not SAFE_ID.match(spec.id):
@@ -520,12 +519,10 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
             raise RecipeError(where, f"stages[{i}].id", f"duplicate id '{spec.id}' (first at stages[{seen[spec.id.lower()]}]; "
                               f"ids must differ in more than case)")
         seen[spec.id.lower()] = i
-        if spec.uses not in kinds:
-            raise RecipeError(
-                where, f"stages[{i}].uses",
-                f"unknown stage kind '{spec.uses}'; valid: {', '.join(sorted(kinds))}",
-            )
-        kind = kinds[spec.uses]
+        try:
+            kind = get_stage(spec.uses)  # imports that stage's module only
+        except KeyError as exc:  # "unknown stage kind 'x'; valid: ..."
+            raise RecipeError(where, f"stages[{i}].uses", exc.args[0]) from exc
         try:
             spec._config = kind.config.model_validate(spec.with_)
         except ValidationError as err:

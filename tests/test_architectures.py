@@ -134,7 +134,7 @@ def _bnb_problem() -> str | None:
     try:
         import bitsandbytes  # noqa: F401
 
-        from compress.stages.load_4bit import check_backend
+        from compress.formats.bnb_4bit import check_backend
     except ImportError as exc:
         return f"bitsandbytes unavailable: {exc}"
     return check_backend("cpu")
