@@ -336,7 +336,7 @@ def run(ctx) -> Result:
 
     from compress.errors import StageError
     from compress.formats import hf
-    from compress.sources import PADDING_OFFSET_TYPES
+    from compress.peek import PADDING_OFFSET_TYPES
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
