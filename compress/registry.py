@@ -93,6 +93,16 @@ class StageKind:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def refuse_after(upstream: str, why: str) -> Callable[[list[tuple[str, StageConfig | None]]], str | None]:
+    """A StageKind.check_input that refuses an input coming through a stage of kind
+    `upstream` anywhere up the `from` chain, saying `why`."""
+
+    def check(chain: list[tuple[str, StageConfig | None]]) -> str | None:
+        return why if any(kind == upstream for kind, _ in chain) else None
+
+    return check
+
+
 # Stage kind name -> the module that defines it as `KIND` (its `name` is this key).
 # Order is the listing order of `compress stages`.
 CATALOGUE: dict[str, str] = {

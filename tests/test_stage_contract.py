@@ -130,4 +130,4 @@ def test_every_stage_module_is_catalogued():
         defines_kind = any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "KIND" for t in node.targets)
                            for node in tree.body)
         if defines_kind:
-            assert f"compress.stages.{path.stem}" in CATALOGUE.values(), f"{path.name} defines KIND but is not catalogued"
+            assert f"compress.stages.{path.stem}" in CATALOGUE.values(), f"{path.name} defines KIND, not catalogued"
