@@ -131,3 +131,26 @@ def test_every_stage_module_is_catalogued():
                            for node in tree.body)
         if defines_kind:
             assert f"compress.stages.{path.stem}" in CATALOGUE.values(), f"{path.name} defines KIND, not catalogued"
+
+
+def test_a_kind_is_imported_on_first_use_only():
+    code = (
+        "import sys\n"
+        "from compress.registry import get_stage\n"
+        "get_stage('finetune')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('compress.stages.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "['compress.stages.finetune']"
+
+
+def test_the_registry_is_one_dict_that_get_stage_reads(monkeypatch):
+    from compress.registry import registry
+
+    kinds = registry()
+    assert list(kinds) == KINDS and registry() is kinds  # catalogue order: the order of `compress stages`
+    monkeypatch.delitem(kinds, "prune")
+    with pytest.raises(KeyError, match="unknown stage kind 'prune'; valid: cascade, distill, "):
+        get_stage("prune")
+    with pytest.raises(KeyError, match="unknown stage kind 'nope'"):
+        get_stage("nope")
