@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class DistillSettings(TrainSettings):
-    """Training settings plus the distillation loss (shared with prune's recovery)."""
+    """Training settings plus the distillation loss (distill, and the recovery of prune and trim_vocab)."""
 
     temperature: PositiveFloat = Field(
         2.0, description="Softmax temperature of the distillation term (DistilBERT: 2.0)."
