@@ -261,9 +261,9 @@ def run(ctx) -> Result:
     import torch
     from transformers import AutoTokenizer
 
+    from compress.distillation import distill_from
     from compress.errors import StageError
     from compress.formats import hf
-    from compress.distillation import distill_from
     from compress.predict import encode, padded_batches
     from compress.train import set_seed
 
