@@ -210,7 +210,7 @@ def _finite(logits: np.ndarray) -> None:
 def measure(spec: dict) -> dict:
     from sklearn.metrics import accuracy_score, f1_score
 
-    from compress.train import length_sorted_batches
+    from compress.predict import length_sorted_batches
 
     threads = int(spec["threads"])
     ph = _phases(spec)

@@ -96,7 +96,7 @@ def _split_file(folder: Path, split: str) -> Path:
 
 def _local_root(spec: "DataSpec", base_dir: Path) -> Path | None:
     """A local file or folder for the dataset, or None to use the hub."""
-    from compress.sources import expand_user
+    from compress.peek import expand_user
 
     direct = expand_user(spec.dataset)
     if not direct.is_absolute():
@@ -116,7 +116,7 @@ def _local_root(spec: "DataSpec", base_dir: Path) -> Path | None:
             candidate = expand_user(root) / name
             if candidate.is_dir():
                 return candidate.resolve()
-    from compress.sources import looks_like_path, missing_path_reason
+    from compress.peek import looks_like_path, missing_path_reason
 
     if spec.dataset.startswith((".", "/", "~")) or direct.is_symlink() or looks_like_path(spec.dataset):
         raise DataError(f"data.dataset: {missing_path_reason(direct).replace('no such folder', 'no such file or folder')}")

@@ -15,8 +15,9 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator,
                       model_validator)
 
+from compress import peek
 from compress.errors import ModelSourceError, RecipeError
-from compress.registry import Format, StageConfig, get_stage, registry
+from compress.registry import Format, StageConfig, get_stage
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
 MODEL_ID = "model"  # the recipe's model, usable as `from: model` and `budget.baseline: model`
@@ -503,7 +504,6 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
     if recipe.name.lower() in WINDOWS_DEVICES:
         raise RecipeError(where, "name", f"'{recipe.name}' is a device name on Windows, not a folder; choose another name")
 
-    kinds = registry()
     seen: dict[str, int] = {}
     for i, spec in enumerate(recipe.stages):
         if not SAFE_ID.match(spec.id):
@@ -520,12 +520,10 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
             raise RecipeError(where, f"stages[{i}].id", f"duplicate id '{spec.id}' (first at stages[{seen[spec.id.lower()]}]; "
                               f"ids must differ in more than case)")
         seen[spec.id.lower()] = i
-        if spec.uses not in kinds:
-            raise RecipeError(
-                where, f"stages[{i}].uses",
-                f"unknown stage kind '{spec.uses}'; valid: {', '.join(sorted(kinds))}",
-            )
-        kind = kinds[spec.uses]
+        try:
+            kind = get_stage(spec.uses)  # imports that stage's module only
+        except KeyError as exc:  # "unknown stage kind 'x'; valid: ..."
+            raise RecipeError(where, f"stages[{i}].uses", exc.args[0]) from exc
         try:
             spec._config = kind.config.model_validate(spec.with_)
         except ValidationError as err:
@@ -554,8 +552,6 @@ def gpu_present() -> bool:
 def _check_graph(recipe: Recipe, where: str) -> None:
     """`from` and config refs must name stages, form no cycle, and feed each stage a
     format it accepts."""
-    from compress.sources import peek_model_format
-
     index = {s.id: i for i, s in enumerate(recipe.stages)}
     deps: dict[str, list[str]] = {}
     for i, spec in enumerate(recipe.stages):
@@ -587,7 +583,7 @@ def _check_graph(recipe: Recipe, where: str) -> None:
         visit(spec.id, [])
 
     try:
-        model_format = peek_model_format(recipe.model, recipe.base_dir)  # None when unknown offline
+        model_format = peek.peek_model_format(recipe.model, recipe.base_dir)  # None when unknown offline
     except ModelSourceError as exc:  # named as the recipe's key, like every other recipe error
         raise RecipeError(where, "model.source", str(exc).removeprefix("model.source: "))
 
@@ -661,9 +657,7 @@ def _check_graph(recipe: Recipe, where: str) -> None:
         if ref != MODEL_ID:
             continue
         if model_config is None:
-            from compress.sources import peek_model_config
-
-            model_config = peek_model_config(recipe.model, recipe.base_dir) or {}
+            model_config = peek.peek_model_config(recipe.model, recipe.base_dir) or {}
         seen = model_config if spec.source == MODEL_ID else {"model_type": model_config.get("model_type")}
         problem = check(spec.config, seen) if model_config else None
         if problem:
@@ -682,16 +676,14 @@ def _check_graph(recipe: Recipe, where: str) -> None:
             f"'{base}' gives {fmt}, which cannot be benchmarked; name a fine-tuned classifier",
         )
 
-    from compress.sources import peek_model_config, peek_tokenizer
-
-    model_config = peek_model_config(recipe.model, recipe.base_dir) if model_format else None
+    model_config = peek.peek_model_config(recipe.model, recipe.base_dir) if model_format else None
     if model_config:
         check_lengths(recipe, model_config, where)
         if model_format == "hf" and head_used_as_is(recipe):
             check_head(recipe, model_config, where)
 
     if any(get_stage(s.uses).check_tokenizer for s in recipe.stages):
-        tokenizer = peek_tokenizer(recipe.model, recipe.base_dir)
+        tokenizer = peek.peek_tokenizer(recipe.model, recipe.base_dir)
         if tokenizer:
             check_tokenizer(recipe, tokenizer, where)
 
@@ -728,9 +720,7 @@ def head_used_as_is(recipe: Recipe) -> bool:
 def check_head(recipe: Recipe, model_config: dict, where: str) -> None:
     """A classifier used as it is must have the data's label count (and names), where the
     recipe says them (data.label_names, data.num_labels); the data itself is checked at run time."""
-    from compress.sources import head_labels
-
-    head = head_labels(model_config)
+    head = peek.head_labels(model_config)
     data = recipe.data
     n = len(data.label_names) if data.label_names else data.num_labels
     key = "data.label_names" if data.label_names else "data.num_labels"
@@ -759,9 +749,7 @@ def length_settings(recipe: Recipe) -> list[tuple[str, int]]:
 def check_lengths(recipe: Recipe, model_config: dict, where: str) -> None:
     """Every length setting within the model's position table: past it, a long input is a
     tensor-size crash deep inside the model (or silently wrong positions)."""
-    from compress.sources import position_limit
-
-    limit = position_limit(model_config)
+    limit = peek.position_limit(model_config)
     if limit is None:
         return
     most, why = limit

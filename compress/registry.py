@@ -1,5 +1,8 @@
 """The stage registry: every stage kind is a pydantic config, a typed result and a
-`run(ctx)` function, registered under an explicit name (see `compress/stages/__init__.py`).
+`run(ctx)` function, registered under an explicit name in CATALOGUE (name -> the module
+that defines it as `KIND`). The catalogue is data: a stage module is imported the first
+time its kind is asked for, so this bottom-layer module imports no stage (nor anything a
+stage imports), and validating a recipe imports only the stages it uses.
 
 Artifact formats name what a stage writes to its folder, so the recipe validator can
 check that a stage is fed something it can take before any model loads:
@@ -15,13 +18,11 @@ check that a stage is fed something it can take before any model loads:
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
-
-if TYPE_CHECKING:  # pragma: no cover
-    from compress.context import StageContext
 
 Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade"]
 
@@ -67,7 +68,9 @@ class StageKind:
     summary: str
     config: type[StageConfig]
     result: type[StageResult]
-    run: Callable[["StageContext"], StageResult]
+    # run(ctx: compress.context.StageContext) -> its result. Typed Any here: the context
+    # (layer 2) knows the recipe and the data, and this bottom layer imports neither.
+    run: Callable[[Any], StageResult]
     accepts: tuple[Format, ...]  # formats the `from` input may have
     produces: Format
     # Formats a config ref (see StageConfig.refs) may point at.
@@ -104,14 +107,62 @@ class StageKind:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def registry() -> dict[str, StageKind]:
-    from compress.stages import STAGES
+def refuse_after(upstream: str, why: str) -> Callable[[list[tuple[str, StageConfig | None]]], str | None]:
+    """A StageKind.check_input that refuses an input coming through a stage of kind
+    `upstream` anywhere up the `from` chain, saying `why`."""
 
-    return STAGES
+    def check(chain: list[tuple[str, StageConfig | None]]) -> str | None:
+        return why if any(kind == upstream for kind, _ in chain) else None
+
+    return check
+
+
+# Stage kind name -> the module that defines it as `KIND` (its `name` is this key).
+# Order is the listing order of `compress stages`.
+CATALOGUE: dict[str, str] = {
+    "finetune": "compress.stages.finetune",
+    "quantize_dynamic": "compress.stages.quantize_dynamic",
+    "cascade": "compress.stages.cascade",
+    "distill": "compress.stages.distill",
+    "prune": "compress.stages.prune",
+    "trim_vocab": "compress.stages.trim_vocab",
+    "export_onnx": "compress.stages.export_onnx",
+    "optimize_onnx": "compress.stages.optimize_onnx",
+    "quantize_onnx": "compress.stages.quantize_onnx",
+    "export_openvino": "compress.stages.export_openvino",
+    "quantize_openvino": "compress.stages.quantize_openvino",
+    "load_4bit": "compress.stages.load_4bit",
+}
+
+# The kinds imported so far, by name. registry() returns this very dict once it holds the
+# whole catalogue, so a test may replace or remove a kind in it (monkeypatch.setitem).
+_kinds: dict[str, StageKind] = {}
+_complete = False
+
+
+def _load(name: str) -> StageKind:
+    kind = importlib.import_module(CATALOGUE[name]).KIND
+    if kind.name != name:  # a catalogue typo would otherwise register a kind twice
+        raise RuntimeError(f"{CATALOGUE[name]} defines stage kind '{kind.name}', catalogued as '{name}'")
+    return kind
+
+
+def registry() -> dict[str, StageKind]:
+    """Every stage kind by name, in catalogue order (imports every stage module once)."""
+    global _complete
+    if not _complete:
+        loaded = {name: _kinds[name] if name in _kinds else _load(name) for name in CATALOGUE}
+        loaded.update({name: kind for name, kind in _kinds.items() if name not in loaded})
+        _kinds.clear()
+        _kinds.update(loaded)
+        _complete = True
+    return _kinds
 
 
 def get_stage(name: str) -> StageKind:
-    stages = registry()
-    if name not in stages:
-        raise KeyError(f"unknown stage kind '{name}'; valid: {', '.join(sorted(stages))}")
-    return stages[name]
+    """One stage kind, importing its module only (see CATALOGUE)."""
+    if name not in _kinds:
+        if _complete or name not in CATALOGUE:  # complete: a kind removed from registry() is gone
+            raise KeyError(f"unknown stage kind '{name}'; valid: {', '.join(sorted(registry()))}")
+        _kinds[name] = _load(name)
+    return _kinds[name]

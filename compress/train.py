@@ -5,6 +5,7 @@ and decay (transformers' scheduler), length-grouped batches (transformers'
 LengthGroupedSampler: batches of similar lengths waste little on padding), dynamic padding
 (DataCollatorWithPadding) and accelerate, so the same code runs on one CPU or under
 `accelerate launch` on several GPUs or machines. Stages differ only in their loss.
+Tokenised examples and inference over them are compress/predict.py.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from typing import TYPE_CHECKING, Callable, Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
+from compress.predict import Encoded, collate, model_inputs
 from compress.registry import StageConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from compress.context import StageContext
-    from compress.data import Split
 
 
 class TrainSettings(StageConfig):
@@ -59,36 +60,7 @@ class TrainSettings(StageConfig):
 
 
 # ---------------------------------------------------------------------------------------
-# Tokenised data
-
-
-@dataclass
-class Encoded:
-    """A tokenised split: one dict of token lists per example, plus labels and lengths."""
-
-    features: list[dict]
-    lengths: np.ndarray  # [N] tokens per example
-
-    def __len__(self) -> int:
-        return len(self.features)
-
-
-def encode(tokenizer, split: "Split", max_length: int) -> Encoded:
-    enc = tokenizer(split.texts, split.pairs, truncation=True, max_length=max_length)
-    keys = [k for k in enc.keys() if k in ("input_ids", "attention_mask", "token_type_ids")]
-    features = [
-        {**{k: enc[k][i] for k in keys}, "labels": int(split.labels[i]), "idx": i}
-        for i in range(len(split))
-    ]
-    lengths = np.array([len(f["input_ids"]) for f in features])
-    return Encoded(features, lengths)
-
-
-def collate(tokenizer):
-    """Pads a list of features to the longest one in the batch (dynamic padding)."""
-    from transformers import DataCollatorWithPadding
-
-    return DataCollatorWithPadding(tokenizer, return_tensors="pt")
+# Batches
 
 
 def padding_waste(lengths: np.ndarray, batches: list[list[int]]) -> float:
@@ -96,12 +68,6 @@ def padding_waste(lengths: np.ndarray, batches: list[list[int]]) -> float:
     real = sum(int(lengths[b].sum()) for b in batches)
     grid = sum(int(lengths[b].max()) * len(b) for b in batches)
     return 1.0 - real / max(grid, 1)
-
-
-def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
-    """Deterministic batches for inference: examples sorted by length, then chunked."""
-    order = np.argsort(lengths, kind="stable")
-    return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -171,8 +137,7 @@ LossFn = Callable[["torch.nn.Module", dict], "torch.Tensor"]
 
 
 def ce_loss(model, batch: dict) -> "torch.Tensor":
-    batch = {k: v for k, v in batch.items() if k != "idx"}
-    return model(**batch).loss
+    return model(**model_inputs(batch), labels=batch["labels"]).loss
 
 
 def train(
@@ -266,29 +231,3 @@ def unwrap(model):
     from accelerate.utils import extract_model_from_parallel
 
     return extract_model_from_parallel(model)
-
-
-# ---------------------------------------------------------------------------------------
-# Inference over a split (calibration, teacher logits, importance scores)
-
-
-def predict_logits(model, tokenizer, data: Encoded, batch_size: int = 64, device: str = "cpu",
-                   on_batch: Callable[[int], None] | None = None) -> np.ndarray:
-    """Logits [N, num_labels] in the original example order, in length-sorted batches.
-    `on_batch(n)` after each batch of n examples (a progress bar's advance)."""
-    import torch
-
-    pad = collate(tokenizer)
-    out: np.ndarray | None = None
-    model.eval()
-    with torch.inference_mode():
-        for idx in length_sorted_batches(data.lengths, batch_size):
-            batch = pad([{k: v for k, v in data.features[i].items() if k not in ("labels", "idx")} for i in idx])
-            logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu().numpy()
-            if out is None:
-                out = np.zeros((len(data), logits.shape[-1]), dtype=np.float32)
-            out[idx] = logits
-            if on_batch is not None:
-                on_batch(len(idx))
-    assert out is not None
-    return out

@@ -32,10 +32,12 @@ def main() -> None:
 
     from compress.context import StageContext
     from compress.data import Data
+    from compress.distillation import copy_layers, distill_loss
     from compress.formats.hf import load_model
+    from compress.predict import encode, predict_logits
     from compress.recipe import DataSpec
-    from compress.stages.distill import Config, copy_layers, distill_loss
-    from compress.train import encode, predict_logits, train
+    from compress.stages.distill import Config
+    from compress.train import train
     from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)

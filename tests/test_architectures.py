@@ -134,7 +134,7 @@ def _bnb_problem() -> str | None:
     try:
         import bitsandbytes  # noqa: F401
 
-        from compress.stages.load_4bit import check_backend
+        from compress.formats.bnb_4bit import check_backend
     except ImportError as exc:
         return f"bitsandbytes unavailable: {exc}"
     return check_backend("cpu")
@@ -234,7 +234,7 @@ def test_unsupported_family_is_refused_at_validation_through_finetune(tiny_data,
 def test_modernbert_student_keeps_layer_zero_first(tiny_data, tmp_path):
     if "modernbert" not in FAMILIES:
         pytest.skip("transformers without ModernBERT")
-    from compress.stages.distill import default_layers
+    from compress.distillation import default_layers
 
     assert default_layers(4, "modernbert") == [0, 3] and default_layers(4, "bert") == [1, 3]
     model = build_model("modernbert", tmp_path / "model")

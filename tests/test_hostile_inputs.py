@@ -181,7 +181,7 @@ def test_absurdly_long_texts_are_truncated_not_rejected(tmp_path, tiny_checkpoin
 
     from compress.data import Data
     from compress.recipe import DataSpec
-    from compress.train import encode
+    from compress.predict import encode
 
     rows = [("good " * 200_000, 1), ("bad", 0)] * 4
     (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))

@@ -25,7 +25,9 @@ def test_init_writes_a_commented_recipe_that_validates(tiny_checkpoint, tiny_dat
 
 
 def test_optional_stages_only_when_registered(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
-    from compress.stages import STAGES
+    from compress.registry import registry
+
+    STAGES = registry()  # the registry's own dict: a change to it is seen by get_stage
 
     monkeypatch.setattr(init_mod, "machine", lambda: {"cores": 2, "gpu": False})
     text = init_mod.build(str(tiny_checkpoint), str(tiny_data), "sentence", "label", tmp_path / "a.yaml")

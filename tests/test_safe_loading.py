@@ -165,7 +165,7 @@ def test_a_package_source_is_found_without_importing_its_parents(tmp_path, monke
     (importlib.util.find_spec('a.b') would import it)."""
     import sys
 
-    from compress.sources import _package_dir
+    from compress.peek import _package_dir
 
     pkg = tmp_path / "hostile_parent_pkg"
     (pkg / "child" / "model").mkdir(parents=True)
@@ -182,7 +182,7 @@ def test_a_missing_package_source_is_one_line(tmp_path, monkeypatch):
     import pytest as _pytest
 
     from compress.errors import ModelSourceError
-    from compress.sources import _package_dir
+    from compress.peek import _package_dir
 
     monkeypatch.syspath_prepend(str(tmp_path))
     with _pytest.raises(ModelSourceError, match="not installed"):

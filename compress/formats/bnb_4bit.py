@@ -61,11 +61,21 @@ class Bnb4bitPredictor(TorchPredictor):
         return int(self.model.get_memory_footprint())
 
 
+def check_backend(device: str) -> str | None:
+    """Why 4-bit cannot run on `device` with the installed bitsandbytes, or None."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    have = Version(version("bitsandbytes"))
+    if device == "cpu" and have < Version("0.47"):
+        return f"bitsandbytes {have} has no CPU 4-bit kernels (0.47 or newer has); upgrade, or benchmark on a GPU"
+    return None
+
+
 def load(path: Path, device: str, threads: int, options: dict) -> Bnb4bitPredictor:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from compress.stages.load_4bit import check_backend
 
     problem = check_backend(device)
     if problem:

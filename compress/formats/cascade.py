@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from compress.formats import CPU_ONLY, Predictor, load_predictor
+from compress.predict import model_inputs
 
 SPEC_FILE = "cascade.json"
 TEXT_KEYS = ("text", "text_pair")  # raw inputs [B] in a batch, beside the token arrays
-TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def member_path(member: dict, cascade_folder: Path) -> Path:
@@ -46,10 +46,8 @@ def top_probability(logits: np.ndarray) -> np.ndarray:
 
 
 def _member_inputs(pred: Predictor, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    batch = {k: v for k, v in batch.items() if k not in TEXT_KEYS}
-    if pred.input_names is None:
-        return batch
-    return {k: v for k, v in batch.items() if k in pred.input_names}
+    """The token arrays of `batch` that the member takes (never the raw texts)."""
+    return model_inputs(batch, pred.input_names)
 
 
 def same_tokenizer(a, b) -> bool:
@@ -120,8 +118,7 @@ class CascadePredictor(Predictor):
             pairs = [str(t) for t in batch["text_pair"][rows]] if "text_pair" in batch else None
             kw = {"truncation": True, "max_length": self.max_length} if self.max_length else {}
             enc = self.large.tokenizer(texts, pairs, padding=True, return_tensors="np", **kw)
-            sub = {k: np.asarray(enc[k], dtype=np.int64) for k in TOKEN_KEYS if k in enc}
-            return _member_inputs(self.large, sub)
+            return {k: np.asarray(v, dtype=np.int64) for k, v in _member_inputs(self.large, enc).items()}
         sub = {k: v[rows] for k, v in batch.items() if k not in TEXT_KEYS}
         if "attention_mask" in sub:  # drop the columns that are padding in every routed row
             width = int(sub["attention_mask"].sum(axis=1).max())

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from compress.formats import Predictor
+from compress.predict import model_inputs
 
 MODEL_FILE = "model.onnx"
 
@@ -156,9 +157,9 @@ def compare(reference: Predictor, candidate: Predictor, split, max_length: int, 
         texts = split.texts[start : start + batch_size]
         pairs = split.pairs[start : start + batch_size] if split.pairs is not None else None
         enc = tok(texts, pairs, truncation=True, max_length=max_length, padding=True, return_tensors="np")
-        batch = {k: v.astype(np.int64) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-        a = reference({k: v for k, v in batch.items() if reference.input_names is None or k in reference.input_names})
-        b = candidate({k: v for k, v in batch.items() if candidate.input_names is None or k in candidate.input_names})
+        batch = {k: v.astype(np.int64) for k, v in model_inputs(enc).items()}
+        a = reference(model_inputs(batch, reference.input_names))
+        b = candidate(model_inputs(batch, candidate.input_names))
         diffs.append(float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()))
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
     return {"examples": n, "max_abs_diff": max(diffs) if diffs else 0.0, "label_agreement": 100.0 * agree / max(n, 1)}

@@ -93,31 +93,6 @@ def choose_threshold(
     }
 
 
-def _logits(pred, split, max_length: int, batch_size: int, on_batch=None):
-    """Logits [N, C] of a loaded Predictor over a split, in length-sorted padded batches,
-    each member with its own tokenizer. `on_batch(n)` after each batch (progress)."""
-    import numpy as np
-
-    from compress.train import length_sorted_batches
-
-    tok = pred.tokenizer
-    enc = tok(split.texts, split.pairs, truncation=True, max_length=max_length)
-    keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
-    if pred.input_names is not None:
-        keys = [k for k in keys if k in pred.input_names]
-    lengths = np.array([len(x) for x in enc["input_ids"]])
-    out = None
-    for idx in length_sorted_batches(lengths, batch_size):
-        padded = tok.pad([{k: enc[k][i] for k in keys} for i in idx], return_tensors="np")
-        logits = np.asarray(pred({k: np.asarray(padded[k], dtype=np.int64) for k in keys}))
-        if out is None:
-            out = np.zeros((len(lengths), logits.shape[-1]), dtype=np.float32)
-        out[idx] = logits
-        if on_batch is not None:
-            on_batch(len(idx))
-    return out
-
-
 def _member(art) -> dict:
     from compress.recipe import MODEL_ID
 
@@ -133,6 +108,7 @@ def run(ctx) -> Result:
     from compress.errors import StageError
     from compress.formats import load_predictor
     from compress.formats.cascade import SPEC_FILE, top_probability
+    from compress.predict import predictor_logits
 
     cfg: Config = ctx.config
     small_art, large_art = ctx.input, ctx.refs["large"]
@@ -156,8 +132,9 @@ def run(ctx) -> Result:
 
     calib = ctx.data.calibration(cfg.calibration_examples)
     with ctx.progress(2 * len(calib), "calibration (small, then large)") as bar:
-        small_logits = _logits(small, calib, cfg.max_length, cfg.batch_size, bar.advance)  # [N, C]
-        large_logits = _logits(large, calib, cfg.max_length, cfg.batch_size, bar.advance)  # [N, C]
+        # Each member reads the texts with its own tokenizer.
+        small_logits = predictor_logits(small, calib, cfg.max_length, cfg.batch_size, bar.advance)  # [N, C]
+        large_logits = predictor_logits(large, calib, cfg.max_length, cfg.batch_size, bar.advance)  # [N, C]
     conf = top_probability(small_logits)
     small_correct = small_logits.argmax(-1) == calib.labels
     large_correct = large_logits.argmax(-1) == calib.labels

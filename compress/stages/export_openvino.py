@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.registry import StageConfig, StageKind, StageResult, refuse_after
 
 
 class Config(StageConfig):
@@ -42,15 +42,6 @@ class Result(StageResult):
     openvino: str  # the OpenVINO version that converted it
     inputs: list[str]
     parity: dict  # examples, max_abs_diff, label_agreement
-
-
-def check_input(chain) -> str | None:
-    """Called by recipe validation with the `from` chain, nearest first."""
-    for kind, _ in chain:
-        if kind == "quantize_onnx":
-            return ("its input is an INT8 ONNX graph (a quantize_onnx stage is upstream): convert the fp32 export "
-                    "and quantize it with quantize_openvino instead")
-    return None
 
 
 def run(ctx) -> Result:
@@ -128,5 +119,9 @@ KIND = StageKind(
     run=run,
     accepts=("hf", "onnx"),
     produces="openvino",
-    check_input=check_input,
+    check_input=refuse_after(  # what the `from` chain may not hold, and why
+        "quantize_onnx",
+        "its input is an INT8 ONNX graph (a quantize_onnx stage is upstream): convert the fp32 export "
+        "and quantize it with quantize_openvino instead",
+    ),
 )

@@ -26,7 +26,8 @@ def run(ctx) -> Result:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from compress.formats import hf
-    from compress.train import encode, set_seed, train, unwrap
+    from compress.predict import encode
+    from compress.train import set_seed, train, unwrap
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)

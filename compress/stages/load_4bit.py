@@ -62,18 +62,6 @@ class Result(StageResult):
     parity: dict
 
 
-def check_backend(device: str) -> str | None:
-    """Why 4-bit cannot run on `device` with the installed bitsandbytes, or None."""
-    from importlib.metadata import version
-
-    from packaging.version import Version
-
-    have = Version(version("bitsandbytes"))
-    if device == "cpu" and have < Version("0.47"):
-        return f"bitsandbytes {have} has no CPU 4-bit kernels (0.47 or newer has); upgrade, or benchmark on a GPU"
-    return None
-
-
 def run(ctx) -> Result:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, BitsAndBytesConfig
@@ -83,7 +71,7 @@ def run(ctx) -> Result:
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
-    problem = check_backend(ctx.device)
+    problem = bnb_4bit.check_backend(ctx.device)
     if problem:
         raise StageError(f"{ctx.stage_id}: {problem}")
     qconfig = BitsAndBytesConfig(

@@ -22,7 +22,7 @@ number in each layer (chosen per layer by importance): the config's single
 ranking with uneven widths is not offered.
 
 `recovery: true` then fine-tunes the pruned model briefly with distillation from the
-unpruned input (the distill stage's loss and cached teacher logits).
+unpruned input (compress/distillation.py: the distill stage's loss and cached teacher logits).
 
 Architectures: the families in compress/architectures.py (BERT, DistilBERT, RoBERTa,
 XLM-RoBERTa, ELECTRA, DeBERTa-v2/v3, ALBERT, MPNet, ModernBERT). How heads go depends on
@@ -40,10 +40,10 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt
 
-# The per-family description (where the projections live) is shared with distill.
+# The per-family description (where the projections live) is shared with distillation.
 from compress.architectures import ARCHS, Arch, get as get_arch, unsupported  # noqa: F401
 from compress.registry import StageKind, StageResult
-from compress.stages.distill import DistillSettings
+from compress.distillation import DistillSettings
 
 
 class Config(DistillSettings):
@@ -139,6 +139,8 @@ def importance_scores(model, arch: Arch, method: str, batches=(), on_batch=None)
     import torch
     import torch.nn.functional as F
 
+    from compress.predict import model_inputs
+
     layers = layer_list(model, arch)
     d = head_dim(model)
     if method == "magnitude":
@@ -175,8 +177,7 @@ def importance_scores(model, arch: Arch, method: str, batches=(), on_batch=None)
     model.eval()  # no dropout: the scores describe the deployed network
     try:
         for batch in batches:
-            inputs = {k: v for k, v in batch.items() if k not in ("labels", "idx")}
-            loss = F.cross_entropy(model(**inputs).logits, batch["labels"])
+            loss = F.cross_entropy(model(**model_inputs(batch)).logits, batch["labels"])
             grads = torch.autograd.grad(loss, head_masks + ffn_masks)
             for acc, g in zip(heads + ffn, grads):
                 acc += g.abs()
@@ -260,10 +261,11 @@ def run(ctx) -> Result:
     import torch
     from transformers import AutoTokenizer
 
+    from compress.distillation import distill_from
     from compress.errors import StageError
     from compress.formats import hf
-    from compress.stages.distill import distill_from
-    from compress.train import collate, encode, length_sorted_batches, set_seed
+    from compress.predict import encode, padded_batches
+    from compress.train import set_seed
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
@@ -285,9 +287,7 @@ def run(ctx) -> Result:
     if cfg.importance == "gradient":
         sub = ctx.data.train.select(range(min(cfg.importance_examples, len(ctx.data.train))))
         enc = encode(tokenizer, sub, cfg.max_length)
-        pad = collate(tokenizer)
-        for idx in length_sorted_batches(enc.lengths, 32):
-            b = pad([{k: v for k, v in enc.features[i].items() if k != "idx"} for i in idx])
+        for _, b in padded_batches(enc, tokenizer, 32, labels=True):
             batches.append({k: v.to(ctx.device) for k, v in b.items()})
     with ctx.progress(sum(int(b["labels"].shape[0]) for b in batches), "importance") as bar:
         head_scores, ffn_scores = importance_scores(model, arch, cfg.importance, batches, on_batch=bar.advance)

@@ -63,7 +63,7 @@ def run(ctx) -> Result:
     from transformers import AutoTokenizer
 
     from compress.formats import hf, torch_int8
-    from compress.train import encode, predict_logits
+    from compress.predict import encode, predict_logits
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
@@ -136,7 +136,7 @@ def _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg: Config, quanti
     import torch
 
     from compress.formats import torch_int8
-    from compress.train import encode, predict_logits
+    from compress.predict import encode, predict_logits
 
     sub = calib.select(range(min(cfg.sensitivity_examples, len(calib))))
     enc = encode(tokenizer, sub, cfg.max_length)

@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, confloat
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.registry import StageConfig, StageKind, StageResult, refuse_after
 
 PRESETS = ("avx2", "avx512", "avx512_vnni", "arm64")
 
@@ -97,15 +97,6 @@ def cpu_preset() -> tuple[str, str]:
     if "avx2" in flags:
         return "avx2", "CPU has AVX2"
     return "avx2", "CPU flags unknown; AVX2 assumed (the most common x86-64 target)"
-
-
-def check_input(chain) -> str | None:
-    """Called by recipe validation with the `from` chain, nearest first."""
-    for kind, _ in chain:
-        if kind == "quantize_onnx":
-            return ("its input is already INT8 (a quantize_onnx stage is upstream); quantizing twice only adds "
-                    "rounding error: take the export or optimize_onnx output instead")
-    return None
 
 
 def run(ctx) -> Result:
@@ -210,5 +201,9 @@ KIND = StageKind(
     run=run,
     accepts=("onnx",),
     produces="onnx",
-    check_input=check_input,
+    check_input=refuse_after(  # what the `from` chain may not hold, and why
+        "quantize_onnx",
+        "its input is already INT8 (a quantize_onnx stage is upstream); quantizing twice only adds "
+        "rounding error: take the export or optimize_onnx output instead",
+    ),
 )

@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveInt, confloat, model_validator
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.registry import StageConfig, StageKind, StageResult, refuse_after
 
 
 class Config(StageConfig):
@@ -88,15 +88,6 @@ class Result(StageResult):
     accuracy_control: dict  # examples, fp32_accuracy, int8_accuracy, target_drop, met (when on)
     size_bytes: dict  # {"input": ..., "output": ...} of model.bin
     parity: dict
-
-
-def check_input(chain) -> str | None:
-    """Called by recipe validation with the `from` chain, nearest first."""
-    for kind, _ in chain:
-        if kind == "quantize_openvino":
-            return ("its input is already quantized (a quantize_openvino stage is upstream); quantizing twice only "
-                    "adds rounding error: take the export_openvino output instead")
-    return None
 
 
 def run(ctx) -> Result:
@@ -264,5 +255,9 @@ KIND = StageKind(
     accepts=("openvino",),
     produces="openvino",
     budget_keys=("max_accuracy_drop",),
-    check_input=check_input,
+    check_input=refuse_after(  # what the `from` chain may not hold, and why
+        "quantize_openvino",
+        "its input is already quantized (a quantize_openvino stage is upstream); quantizing twice only "
+        "adds rounding error: take the export_openvino output instead",
+    ),
 )

@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from compress.registry import StageKind, StageResult
-from compress.stages.distill import DistillSettings
+from compress.distillation import DistillSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
 
-    from compress.train import Encoded
+    from compress.predict import Encoded
 
 
 class Config(DistillSettings):
@@ -261,7 +261,7 @@ def resplitter(tok, keep_ids: set[int], prob: float, seed: int, max_length: int,
 
     import numpy as np
 
-    from compress.train import Encoded
+    from compress.predict import Encoded
 
     model = json.loads(tok.backend_tokenizer.to_str())["model"]
     prefix = model.get("continuing_subword_prefix") or "##"
@@ -336,7 +336,7 @@ def run(ctx) -> Result:
 
     from compress.errors import StageError
     from compress.formats import hf
-    from compress.sources import PADDING_OFFSET_TYPES
+    from compress.peek import PADDING_OFFSET_TYPES
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
@@ -381,7 +381,7 @@ def run(ctx) -> Result:
     if cfg.recovery:
         import copy
 
-        from compress.stages.distill import distill_from
+        from compress.distillation import distill_from
 
         teacher = model.to(ctx.device)  # train() seeds the student's training itself
         split_stats: dict = {}

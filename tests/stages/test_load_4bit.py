@@ -10,7 +10,7 @@ from tests.stages.onnx_helpers import run_kind
 
 def _bnb_cpu_problem() -> str | None:
     try:
-        from compress.stages.load_4bit import check_backend
+        from compress.formats.bnb_4bit import check_backend
 
         import bitsandbytes  # noqa: F401
     except ImportError as exc:
@@ -106,11 +106,11 @@ def test_4bit_keeps_the_head_in_full_precision(trained, tiny_data, tmp_path):
 def test_old_bitsandbytes_is_refused_with_a_reason(monkeypatch):
     import importlib.metadata
 
-    from compress.stages import load_4bit
+    from compress.formats import bnb_4bit
 
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.45.0")
-    assert "no CPU 4-bit kernels" in load_4bit.check_backend("cpu")
-    assert load_4bit.check_backend("cuda") is None
+    assert "no CPU 4-bit kernels" in bnb_4bit.check_backend("cpu")
+    assert bnb_4bit.check_backend("cuda") is None
 
 
 def test_layers_the_cpu_kernels_cannot_tile_stay_in_full_precision(tiny_classifier, tiny_data, tmp_path):

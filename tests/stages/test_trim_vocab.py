@@ -89,7 +89,7 @@ def test_resplit_spells_the_same_words_with_pieces_the_trimmed_vocabulary_keeps(
     from transformers import AutoTokenizer
 
     from compress.stages.trim_vocab import resplitter
-    from compress.train import Encoded
+    from compress.predict import Encoded
 
     tok = AutoTokenizer.from_pretrained(tiny_classifier)
     texts = ["the wonderful movie was terrible", "a fun day"]
