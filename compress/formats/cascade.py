@@ -155,5 +155,9 @@ def load(path: Path, device: str, threads: int, options: dict) -> CascadePredict
             raise FileNotFoundError(f"cascade {role} member '{m.get('stage')}' is missing at {where}; re-run its stage")
         # A CPU-only member (torch INT8) runs on the CPU in a cascade benchmarked on a GPU;
         # the predictor then reports the mixed placement (effective_device "cpu+cuda").
-        members.append(load_predictor(m["format"], where, "cpu" if m["format"] in CPU_ONLY else device, threads, options))
+        # spin_wait off: the members take turns on the same cores, and an ONNX Runtime session
+        # keeps its threads spinning after each call, competing with the other member's threads
+        # (on a 2-core CPU the cascade's batch-32 throughput was below its large member's alone).
+        members.append(load_predictor(m["format"], where, "cpu" if m["format"] in CPU_ONLY else device, threads,
+                                      {**options, "spin_wait": False}))
     return CascadePredictor(path, members[0], members[1], spec["threshold"], options.get("max_length"))

@@ -319,3 +319,15 @@ def test_trimmed_onnx_int8_chain_in_front_of_the_baselines_onnx_int8(tiny_checkp
     assert any("of the eval inputs went on to 'onnx_int8'" in n for n in casc["notes"])
     md = (tmp_path / "tiny" / "report.md").read_text()
     assert "went on to 'onnx_int8'" in md
+    # The members take turns on the same cores: their ONNX sessions must not spin between
+    # calls (a spinning member's threads compete with the other's), while a variant loaded
+    # on its own keeps ONNX Runtime's default.
+    from compress.formats import load_predictor
+
+    casc_pred = load_predictor("cascade", tmp_path / "tiny" / "cascade", "cpu", 1, {})
+    key = "session.intra_op.allow_spinning"
+    for member in (casc_pred.small, casc_pred.large):
+        assert member.session.get_session_options().get_session_config_entry(key) == "0"
+    alone = load_predictor("onnx", tmp_path / "tiny" / "onnx_int8", "cpu", 1, {})
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # never set: the default
+        alone.session.get_session_options().get_session_config_entry(key)
