@@ -288,6 +288,11 @@ class BudgetSpec(Strict):
 class Recipe(Strict):
     schema_version: Literal[1] = Field(description="Recipe format version; always 1.")
     name: str = Field(description="Run name; outputs go to `<artifacts>/<name>/`.")
+    task: Literal["sequence-classification"] = Field(
+        "sequence-classification",
+        description="What the models do, and so how variants are scored and timed (compress/tasks): "
+        "`sequence-classification` (single texts or pairs; quality is accuracy, a timed call one forward pass).",
+    )
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec
     stages: list[StageSpec] = Field(min_length=1)
@@ -526,6 +531,9 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
                 f"unknown stage kind '{spec.uses}'; valid: {', '.join(sorted(kinds))}",
             )
         kind = kinds[spec.uses]
+        if recipe.task not in kind.tasks:
+            raise RecipeError(where, f"stages[{i}].uses", f"{spec.uses} does not take task '{recipe.task}' (the "
+                              f"recipe's `task` key; it takes {', '.join(kind.tasks)}): use another stage kind")
         try:
             spec._config = kind.config.model_validate(spec.with_)
         except ValidationError as err:
