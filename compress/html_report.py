@@ -13,7 +13,7 @@ import json
 from html import escape
 
 from compress.decision import Row
-from compress.report import Report, headers, table_rows
+from compress.report import Report, as_report, headers, table_rows
 
 REPORT_HTML = "report.html"
 
@@ -182,7 +182,8 @@ def _batches_table(report: Report) -> str:
                             "batch latency meets the SLO).</small></p>"])
 
 
-def render(report: Report) -> str:
+def render(report: "Report | dict") -> str:
+    report = as_report(report)
     d, b, metric = report.decision, report.budget, report.metric
     if d.selected:
         banner = (f"<div class='banner ok'>Deploy <b>{escape(d.selected)}</b> ({escape(d.objective)} on "

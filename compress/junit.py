@@ -12,7 +12,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from compress.decision import budget_checks
-from compress.report import Report
+from compress.report import Report, as_report
 
 JUNIT_XML = "junit.xml"
 
@@ -26,7 +26,8 @@ def _text(value) -> str:
     return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", str(value))
 
 
-def junit_xml(report: Report) -> str:
+def junit_xml(report: "Report | dict") -> str:
+    report = as_report(report)
     budget = report.budget
     d = report.decision
     suite_name = f"compress.{report.recipe}"

@@ -120,7 +120,8 @@ def _format(r: Row) -> str:
     return r.format if r.runtime in (None, r.format) else f"{r.format} ({r.runtime})"
 
 
-def table_rows(report: Report) -> list[list[str]]:
+def table_rows(report: "Report | dict") -> list[list[str]]:
+    report = as_report(report)
     out = []
     for r in report.rows:
         fmt = _format(r)
@@ -241,7 +242,8 @@ def finite_json(value):
     return value
 
 
-def markdown(report: Report) -> str:
+def markdown(report: "Report | dict") -> str:
+    report = as_report(report)
     d = report.decision
     b = report.budget
     m = report.metric

@@ -477,3 +477,27 @@ def test_the_table_names_the_runtime_of_every_row():
     cells = {row[0]: row[1] for row in table_rows(report)}
     assert cells == {"baseline": "hf (torch)", "onnx": "onnx (onnxruntime)", "onnx_int8": "onnx (onnxruntime)",
                      "ov": "openvino", "ov_int8": "openvino"}
+
+
+def test_one_quality_gate_for_the_budget_checks_and_compress_gate():
+    """quality_check is the gate the decision's budget checks use and `compress gate` runs:
+    the drop on the point estimate, or on the losing end of the interval with ci_lower."""
+    from compress.decision import quality_check
+    from compress.tasks import Metric, get_task
+
+    acc = get_task().metric
+    row = Row(id="q", format="hf", device="cpu", ok=True, delta=-0.75, delta_ci95=(-1.6, 0.1))
+    assert quality_check(row, 1.0, "point", acc).status == "pass"
+    check = quality_check(row, 1.0, "ci_lower", acc)
+    assert check.status == "fail" and check.message == (
+        "lower 95% bound of the accuracy delta 1.60 points exceeds the budget of 1.00")
+    assert quality_check(row, 1.6, "ci_lower", acc).status == "pass"  # the limit is inclusive
+    assert quality_check(Row(id="q", format="hf", device="cpu", ok=True), 1.0, "point", acc).message == (
+        "no accuracy delta: the baseline was not measured on cpu")
+    # A metric where lower is better (perplexity): a positive delta is the drop.
+    ppl = Metric(name="perplexity", direction="lower", delta_unit="")
+    worse = Row(id="q", format="hf", device="cpu", ok=True, delta=0.5, delta_ci95=(0.2, 1.4))
+    assert quality_check(worse, 1.0, "point", ppl).status == "pass"
+    assert quality_check(worse, 1.0, "ci_lower", ppl).message.startswith("upper 95% bound of the perplexity delta 1.40")
+    budget = recipe_dict(max_accuracy_drop=1.0, gate_on="ci_lower").budget
+    assert budget_checks(row, budget)[0] == check
