@@ -105,8 +105,10 @@ class Task:
     throughput_unit: str = "seq/s"
 
     def info(self) -> TaskInfo:
-        return TaskInfo(name=self.name, metric=self.metric, secondary=list(self.secondary),
-                        throughput_unit=self.throughput_unit)
+        """report.json's `task` block; every field set, so that it is written in full."""
+        return TaskInfo.model_validate({"name": self.name, "metric": self.metric.model_dump(),
+                                        "secondary": [m.model_dump() for m in self.secondary],
+                                        "throughput_unit": self.throughput_unit})
 
     # --- data
     def eval_rows(self, split: Any) -> list[dict]:  # pragma: no cover - interface
