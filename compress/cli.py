@@ -67,7 +67,8 @@ def run(
     from compress.console import log
     from compress.errors import RecipeError
     from compress.recipe import load_recipe
-    from compress.report import as_report, print_report
+    from compress.report import print_report
+    from compress.report_json import as_report
     from compress.runner import run_recipe
 
     r = load_recipe(recipe, set_ or [])
@@ -134,7 +135,8 @@ def _type_name(ann) -> str:
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="A run folder (artifacts/NAME) or its report.json.")]) -> None:
     """Re-render the reports of a finished run (terminal table, report.md, report.html, junit.xml)."""
-    from compress.report import print_report, read_report, write_reports
+    from compress.report import print_report, write_reports
+    from compress.report_json import read_report
 
     rep = read_report(run_dir)
     print_report(rep)
@@ -152,7 +154,7 @@ def gate(
     """Check one variant of an existing report against the quality budget (accuracy for a classifier): exit 0 or 3."""
     from compress.console import out
     from compress.decision import quality_check
-    from compress.report import read_report
+    from compress.report_json import read_report
 
     rep = read_report(report_path)
     device = device or rep.decision.device

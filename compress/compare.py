@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from compress.decision import Row, paired_bootstrap
-from compress.report import Report, read_report
+from compress.report_json import Report, read_report
 from compress.tasks import get_task
 
 SIZE_TOLERANCE = 0.01

@@ -9,14 +9,14 @@ keep it as `quality`, which report.json names after the metric (`accuracy`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from compress.errors import EXIT_BUDGET, EXIT_OK
 from compress.formats import RUNTIMES
-from compress.measure import BatchFigures, Measurement, Percentiles
+from compress.measure import BatchFigures, Measurement, Percentiles, Record
 from compress.recipe import BenchmarkSpec, BudgetSpec, PriceSpec
 from compress.tasks import DEFAULT_TASK, Metric, get_task
 
@@ -24,17 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from compress.tasks import Task
 
 OBJECTIVE_KEY = {"min_cost": "usd_per_1k", "min_latency": "p95_ms", "min_size": "size_mb"}
-
-
-class Record(BaseModel):
-    """A report record: unknown keys refused; written by alias and without the fields never
-    set, so report.json keeps exactly the keys it always had (a null where a figure is
-    missing, no key where a kind of row has none)."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    def dump(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_unset=True)
 
 
 class Variant(Record):

@@ -47,7 +47,8 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
     from compress.decision import Policy, Variant, build_rows, decide
     from compress.model_card import write_model_cards
     from compress.recipe import BudgetSpec
-    from compress.report import SCHEMA_VERSION, Manifest, Report, write_reports
+    from compress.report import write_reports
+    from compress.report_json import SCHEMA_VERSION, Manifest, Report
     from compress.tasks import get_task
 
     task = get_task(recipe.task)

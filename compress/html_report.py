@@ -13,7 +13,7 @@ import json
 from html import escape
 
 from compress.decision import Row
-from compress.report import Report, as_report, headers, table_rows
+from compress.report_json import Report, as_report, headers, table_rows
 
 REPORT_HTML = "report.html"
 

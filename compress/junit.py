@@ -12,7 +12,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from compress.decision import budget_checks
-from compress.report import Report, as_report
+from compress.report_json import Report, as_report
 
 JUNIT_XML = "junit.xml"
 

@@ -21,6 +21,11 @@ from compress.tasks import DEFAULT_TASK
 
 
 class Record(BaseModel):
+    """A typed record of the benchmark, the decision and the reports: unknown keys refused;
+    written by alias and without the fields never set, so a record's JSON keeps exactly the
+    keys it always had (a null where a figure is missing, no key where a kind of record has
+    none)."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     def dump(self) -> dict[str, Any]:
@@ -137,9 +142,6 @@ class Measurement(Record):
     latency_rounds_p50: list[float] | None = None  # each round's batch-1 p50
     paired_speedup: PairedSpeedup | None = None
     key: str | None = None  # the cache key it was measured under
-
-    def secondary(self, name: str) -> float | None:
-        return getattr(self, name, None)
 
 
 class RoundTimes(Record):

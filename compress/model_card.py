@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from compress.artifacts import MARKER, MODEL_CARD
-from compress.report import Report, as_report
+from compress.report_json import Report, as_report
 
 # A hub id: "name" or "owner/name", as the hub spells them (no path, no scheme).
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?")

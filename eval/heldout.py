@@ -36,7 +36,7 @@ def main() -> int:
     from compress.decision import Policy, decide, paired_bootstrap
     from compress.measure import BenchJob, JobOptions, Measurement
     from compress.recipe import BenchmarkSpec, BudgetSpec, load_recipe
-    from compress.report import read_report
+    from compress.report_json import read_report
     from compress.tasks import get_task
 
     recipe = load_recipe(args.recipe, args.overrides)

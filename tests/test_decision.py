@@ -465,10 +465,10 @@ def test_openvino_rows_are_compared_with_their_onnxruntime_siblings():
 
 
 def test_the_table_names_the_runtime_of_every_row():
-    from compress.report import table_rows
+    from compress.report_json import table_rows
 
     meta = _runtime_variants()[:5]
-    from compress.report import Report
+    from compress.report_json import Report
 
     res = typed({(m["id"], "cpu"): measurement(LABELS, LABELS) for m in meta})
     report = Report.model_validate(make_report({}, LABELS))

@@ -8,7 +8,8 @@ import pytest
 
 from compress.errors import CompressError
 from compress.measure import Measurement
-from compress.report import SCHEMA_VERSION, Report, read_report, write_reports
+from compress.report import write_reports
+from compress.report_json import SCHEMA_VERSION, Report, read_report
 from tests.synthetic_report import flip, make_report, measurement
 
 LABELS = np.array([0, 1] * 50)
