@@ -231,7 +231,7 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
     rest = sorted(set(range(n_rows)) - set(lat_idx))
     routed_share = getattr(pred, "routed_share", None)  # a cascade: share sent to its large model
     if rest:
-        outputs[rest] = np.concatenate(timed_pass([[i] for i in rest], "accuracy (batch 1)")[1])
+        outputs[rest] = np.concatenate(timed_pass([[i] for i in rest], f"{task.metric.name} (batch 1)")[1])
         if routed_share is not None:  # over the selection, then over the rest: weigh by rows
             routed_share = (routed_share * len(lat_idx) + pred.routed_share * len(rest)) / n_rows
     task.check(outputs)

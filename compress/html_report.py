@@ -1,6 +1,7 @@
 """report.html: one self-contained page (inline SVG plots and CSS, nothing fetched) with
-the variant table, the Pareto plots (accuracy against p95 latency, $/1K and size, with the
-selected variant and the budget lines marked), the latency/throughput curve per variant,
+the variant table, the Pareto plots (quality, the task's metric, against p95 latency, $/1K
+and size, with the selected variant and the budget lines marked), the latency/throughput
+curve per variant,
 why the others lost, and the run manifest. Rendered from report.json like the other
 reports; matplotlib is imported only here, and only its object API is used (no pyplot, so
 no global backend state).

@@ -1,8 +1,9 @@
 """junit.xml: the budget checks as test cases, so CI systems show the gate natively.
 
 One test case per budget check of every candidate variant on the deciding device
-(accuracy budget, latency SLO, size limit; a limit the budget does not set is a skipped
-case), plus one `decision` case that fails when no compressed variant is within budget
+(the quality budget, named after the task's metric: `accuracy budget`; latency SLO; size
+limit; a limit the budget does not set is a skipped case), plus one `decision` case that
+fails when no compressed variant is within budget
 (the run's exit code 3). Rendered from report.json like the other reports.
 """
 

@@ -6,9 +6,11 @@ Measurements are also the benchmark cache (bench/<id>.<device>.json, sealed): a 
 file is read back through `Measurement`, so a file of another shape (a renamed key, a
 missing figure) is measured again, never a KeyError further on.
 
-Serialised with `dump()`: by alias (the quality figure is `accuracy` for classification)
-and without the fields that were never set, so a measurement's JSON has exactly the keys
-its producer gave it.
+Serialised with `dump()`: by alias and without the fields that were never set, so a
+measurement's JSON has exactly the keys its producer gave it. Code reads the task's quality
+figure as `quality`; its JSON key is `accuracy`, the name bench/*.json and report.json
+(schema 1 and 2) give it. A task whose metric is not accuracy (perplexity) is to write it
+under a key of its own, with a new schema_version and benchmark.METHOD.
 """
 
 from __future__ import annotations
