@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Callable
 from compress.artifacts import digest, is_sealed, sealed
 from compress.console import heartbeat
 from compress.formats import CPU_ONLY
+from compress.measure import BenchJob, JobOptions, Measurement, PairedSpeedup, PairRef, RoundTimes
+from compress.tasks import DEFAULT_TASK, get_task
 
 # What a measurement means (bench_worker): bumped when that changes, so that measurements
 # cached under the old meaning are taken again. 2: accuracy scored at batch 1. 3: batch-1
@@ -41,13 +43,13 @@ class BenchTiming:
     variants: dict[str, dict[str, float]] = field(default_factory=dict)  # "id on device" -> {phase: s}
     cached: list[str] = field(default_factory=list)  # "id on device" reused from the cache
 
-    def add(self, key: str, result: dict, rounds: bool = False) -> None:
+    def add(self, key: str, result: Measurement | RoundTimes, rounds: bool = False) -> None:
         phases = self.variants.setdefault(key, {})
-        wall = float(result.get("wall_seconds") or 0.0)
+        wall = float(result.wall_seconds or 0.0)
         if rounds:  # a later round's worker: one figure, loading and warm-up included
             phases["latency rounds"] = phases.get("latency rounds", 0.0) + wall
             return
-        own = {k: float(v) for k, v in (result.get("phase_seconds") or {}).items()}
+        own = {k: float(v) for k, v in result.phase_seconds.items()}
         for name, sec in own.items():
             phases[name] = phases.get(name, 0.0) + sec
         phases["process start"] = phases.get("process start", 0.0) + max(wall - sum(own.values()), 0.0)
@@ -72,16 +74,12 @@ def cuda_available() -> bool:
         return False
 
 
-def write_eval_file(data: "Data", folder: Path) -> Path:
+def write_eval_file(data: "Data", folder: Path, task: str = DEFAULT_TASK) -> Path:
+    """The eval split as the worker reads it: one JSON object per example, the task's columns."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"eval-{data.eval_fingerprint[:16]}.jsonl"
     if not path.exists():
-        lines = []
-        for i, text in enumerate(data.eval.texts):
-            row = {"text": text, "label": int(data.eval.labels[i])}
-            if data.eval.pairs is not None:
-                row["pair"] = data.eval.pairs[i]
-            lines.append(json.dumps(row, ensure_ascii=False))
+        lines = [json.dumps(row, ensure_ascii=False) for row in get_task(task).eval_rows(data.eval)]
         tmp = path.with_suffix(".part")
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
         tmp.rename(path)
@@ -99,7 +97,8 @@ def run_benchmarks(
     reference: str | None = None,
     trust_remote_code: bool = False,
     timing: BenchTiming | None = None,
-) -> tuple[dict[tuple[str, str], dict], list[str]]:
+    task: str = DEFAULT_TASK,
+) -> tuple[dict[tuple[str, str], Measurement], list[str]]:
     """{(variant id, device): measurement}, and notes (such as a skipped device).
     `reference`: the variant that later rounds pair every other variant with (the budget's
     baseline); each paired measurement gets `paired_speedup` against it. `timing`, when
@@ -112,8 +111,8 @@ def run_benchmarks(
             notes.append("cuda: no GPU present; GPU benchmark skipped")
             continue
         devices.append(d)
-    eval_file = write_eval_file(data, folder)
-    results: dict[tuple[str, str], dict] = {}
+    eval_file = write_eval_file(data, folder, task)
+    results: dict[tuple[str, str], Measurement] = {}
     # A batch larger than the eval split is the whole split: measured (and reported) as that.
     n_eval = len(data.eval.texts)
     batch_sizes = sorted({1, *(min(b, n_eval) for b in spec.batch_sizes)})
@@ -131,25 +130,22 @@ def run_benchmarks(
             if device != "cpu" and art.format in CPU_ONLY:
                 notes.append(f"{art.id}: not benchmarked on {device}: {CPU_ONLY[art.format]}")
                 continue
-            job = {
-                "format": art.format, "path": str(art.path), "device": device,
-                "threads": spec.threads, "batch_sizes": batch_sizes, "max_length": spec.max_length,
-                "warmup": spec.warmup, "max_latency_examples": spec.max_latency_examples,
-                "latency_repeats": spec.latency_repeats,
-                "eval_file": str(eval_file),
-                "options": {"cuda_dtype": spec.cuda_dtype, "trust_remote_code": trust_remote_code},
-            }
+            job = BenchJob(
+                format=art.format, path=str(art.path), device=device,
+                threads=spec.threads, batch_sizes=batch_sizes, max_length=spec.max_length,
+                warmup=spec.warmup, max_latency_examples=spec.max_latency_examples,
+                latency_repeats=spec.latency_repeats,
+                eval_file=str(eval_file),
+                options=JobOptions(cuda_dtype=spec.cuda_dtype, trust_remote_code=trust_remote_code),
+                task=task,
+            )
             key = digest({
                 "method": METHOD, "rounds": spec.latency_rounds, "reference": reference,
                 "artifact": art.fingerprint, "content": art.content,
-                "job": {k: v for k, v in job.items() if k not in ("path", "eval_file")},
-                "eval": data.eval_fingerprint, "machine": machine,
+                "job": job.cache_identity(), "eval": data.eval_fingerprint, "machine": machine,
             })
-            out = folder / f"{art.id}.{device}.json"
-            cached = None if force or not out.is_file() else _read_json(out)  # unreadable: measured again
-            # Edited (an accuracy changed by hand), damaged or of another shape: measured again.
-            usable = cached is not None and is_sealed(cached) and cached.get("key") == key and cached.get("ok") is True
-            jobs.append((art, job, key, cached if usable else None))
+            cached = None if force else _cached(folder / f"{art.id}.{device}.json", key)
+            jobs.append((art, job, key, cached))
         if jobs and all(cached is not None for *_, cached in jobs):
             for art, _, _, cached in jobs:
                 log(f"  {art.id} on {device}: measured before (cached)")
@@ -158,7 +154,7 @@ def run_benchmarks(
             continue
         if any(cached is not None for *_, cached in jobs):
             log(f"  {device}: measuring every variant again, so that speed-ups come from one session")
-        measured: dict[str, dict] = {}
+        measured: dict[str, Measurement] = {}
         for k, (art, job, _, _) in enumerate(jobs, 1):
             where = f"variant {k}/{len(jobs)}, round 1/{spec.latency_rounds}, {device}"
             log(f"  {art.id} on {device}: measuring ({where}) ...")
@@ -166,28 +162,28 @@ def run_benchmarks(
                 r = measured[art.id] = _run_worker(job, folder, art.id, device, spec.threads,
                                                    label=f"{art.id} ({where})", log=log)
             timing.add(f"{art.id} on {device}", r)
-            if r.get("ok"):
-                log(f"    accuracy {r['accuracy']:.2f}  p50 {r['latency_ms']['p50']:.2f} ms  "
-                    f"size {r['size_bytes'] / 1e6:.1f} MB")
+            if r.ok and r.latency_ms is not None and r.quality is not None and r.size_bytes is not None:
+                log(f"    {get_task(task).metric.name} {r.quality:.2f}  p50 {r.latency_ms.p50:.2f} ms  "
+                    f"size {r.size_bytes / 1e6:.1f} MB")
             else:
-                log(f"    failed: {r.get('error')}")
-        timed = [(art, job) for art, job, _, _ in jobs if measured[art.id].get("ok")]
+                log(f"    failed: {r.error}")
+        timed = [(art, job) for art, job, _, _ in jobs if measured[art.id].ok]
         extra, ratios = _later_rounds(timed, reference, spec, folder, device, log, timing)
         for art, _, key, _ in jobs:
             r = measured[art.id]
-            if r.get("ok"):
+            if r.ok:
                 merge_rounds(r, extra[art.id])
                 if extra[art.id]:
-                    p50s = r["latency_rounds_p50"]
+                    p50s = r.latency_rounds_p50 or []
                     log(f"  {art.id}: p50 " + (" / ".join(f"{p:.2f}" for p in p50s) if len(p50s) <= 5 else
                                                f"{min(p50s):.2f} to {max(p50s):.2f}")
-                        + f" ms over {len(p50s)} rounds -> {r['latency_ms']['p50']:.2f}")
-                if ratios.get(art.id):
-                    r["paired_speedup"] = {"reference": reference, "rounds": ratios[art.id],
-                                           "speedup": float(statistics.median(ratios[art.id]))}
-                    log(f"  {art.id}: {r['paired_speedup']['speedup']:.2f}x faster than {reference} "
+                        + f" ms over {len(p50s)} rounds -> {r.latency_ms.p50:.2f}")
+                if ratios.get(art.id) and reference is not None:
+                    r.paired_speedup = PairedSpeedup(reference=reference, rounds=ratios[art.id],
+                                                     speedup=float(statistics.median(ratios[art.id])))
+                    log(f"  {art.id}: {r.paired_speedup.speedup:.2f}x faster than {reference} "
                         f"(paired rounds: " + ", ".join(f"{x:.2f}x" for x in ratios[art.id]) + ")")
-            r["key"] = key
+            r.key = key
             _store(folder / f"{art.id}.{device}.json", r)
             results[(art.id, device)] = r
     return results, notes
@@ -206,33 +202,33 @@ def _later_rounds(
     Returns {id: [per-sentence ms of each later round]}, {id: [paired speed-ups]}."""
     extra: dict[str, list[list[float]]] = {art.id: [] for art, _ in timed}
     ratios: dict[str, list[float]] = {}
-    ref_job = next((job for art, job in timed if art.id == reference), None)
+    ref_job: BenchJob | None = next((job for art, job in timed if art.id == reference), None)
     others = [(art, job) for art, job in timed if ref_job is None or art.id != reference]
     for rnd in range(1, spec.latency_rounds if others else 1):
         start = rnd * len(others) // spec.latency_rounds
         log(f"  {device}: latency round {rnd + 1}/{spec.latency_rounds}"
             + (f" (each variant timed alternately with {reference})" if ref_job else ""))
         for n, (art, job) in enumerate(others[start:] + others[:start], 1):
-            job = {**job, "latency_only": True}
+            job = job.model_copy(update={"latency_only": True})
             if ref_job is not None:
-                job["pair"] = {k: ref_job[k] for k in ("format", "path", "options")}
+                job.pair = PairRef(format=ref_job.format, path=ref_job.path, options=ref_job.options)
             where = f"variant {n}/{len(others)}, round {rnd + 1}/{spec.latency_rounds}, {device}"
             with heartbeat(f"    {art.id} ({where})", log):
                 r = _run_worker(job, folder, art.id, device, spec.threads, label=f"{art.id} ({where})", log=log)
             if timing is not None:
                 timing.add(f"{art.id} on {device}", r, rounds=True)
-            if not r.get("ok"):
-                log(f"    {art.id}: round {rnd + 1} failed ({r.get('error')}); its other rounds count")
+            if not r.ok:
+                log(f"    {art.id}: round {rnd + 1} failed ({r.error}); its other rounds count")
                 continue
-            extra[art.id].append(r["sentence_ms"])
-            if ref_job is not None:
-                extra[reference].append(r["pair_sentence_ms"])
+            extra[art.id].append(r.sentence_ms)
+            if ref_job is not None and reference is not None and r.pair_sentence_ms is not None:
+                extra[reference].append(r.pair_sentence_ms)
                 ratios.setdefault(art.id, []).append(
-                    float(statistics.median(r["pair_sentence_ms"]) / statistics.median(r["sentence_ms"])))
+                    float(statistics.median(r.pair_sentence_ms) / statistics.median(r.sentence_ms)))
     return extra, ratios
 
 
-def merge_rounds(result: dict, rounds: list[list[float]]) -> None:
+def merge_rounds(result: Measurement, rounds: list[list[float]]) -> None:
     """Folds later rounds' batch-1 timings into a worker's result, in place: a sentence's
     latency becomes its median over all rounds (the first round's `sentence_ms` included),
     and the batch-1 percentiles and throughput are taken from those medians."""
@@ -240,16 +236,16 @@ def merge_rounds(result: dict, rounds: list[list[float]]) -> None:
 
     from compress.bench_worker import percentiles
 
-    first = result.pop("sentence_ms")
+    first = result.sentence_ms or []
+    result.unset("sentence_ms")  # folded into the figures below; not cached
     per_round = np.array([first, *rounds])  # [rounds, sentences] ms
     merged = np.median(per_round, axis=0)
-    result["latency_ms"] = percentiles(merged.tolist())
-    result["latency_rounds_p50"] = [float(np.percentile(r, 50)) for r in per_round]
-    for entry in result["batches"]:
-        if entry["batch_size"] == 1:
-            p = result["latency_ms"]
-            entry.update({"p50_ms": p["p50"], "p95_ms": p["p95"], "p99_ms": p["p99"],
-                          "throughput": merged.size / (merged.sum() / 1000.0)})
+    p = result.latency_ms = percentiles(merged.tolist())
+    result.latency_rounds_p50 = [float(np.percentile(r, 50)) for r in per_round]
+    for entry in result.batches or []:
+        if entry.batch_size == 1:
+            entry.p50_ms, entry.p95_ms, entry.p99_ms = p.p50, p.p95, p.p99
+            entry.throughput = merged.size / (merged.sum() / 1000.0)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -260,9 +256,28 @@ def _read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _run_worker(job: dict, folder: Path, vid: str, device: str, threads: int,
-                label: str = "", log: Callable[[str], None] | None = None) -> dict:
-    """Runs compress.bench_worker on `job` in a fresh process; its result, or {ok: False, error}.
+def _cached(path: Path, key: str) -> Measurement | None:
+    """The measurement cached at `path` under `key`, or None: missing, unreadable, edited (an
+    accuracy changed by hand breaks its checksum), measured under another key, failed, or of
+    another shape (a renamed or missing figure): each of those is measured again."""
+    from pydantic import ValidationError
+
+    cached = _read_json(path) if path.is_file() else None
+    if cached is None or not is_sealed(cached) or cached.get("key") != key or cached.get("ok") is not True:
+        return None
+    try:
+        m = Measurement.model_validate({k: v for k, v in cached.items() if k != "checksum"})
+    except ValidationError:
+        return None
+    if m.quality is None or m.latency_ms is None or not m.batches or m.size_bytes is None:
+        return None  # ok, yet lacking what every report reads
+    return m
+
+
+def _run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
+                label: str = "", log: Callable[[str], None] | None = None) -> Measurement | RoundTimes:
+    """Runs compress.bench_worker on `job` in a fresh process; its result (RoundTimes for a
+    later round, `latency_only`), or one with ok False and the error.
     The worker's progress lines (prefixed, at least every progress_seconds() of a long
     phase) go to `log`, headed by `label`; the rest of its stderr is library chatter, kept
     only for the error of a worker that dies. The result gets `wall_seconds`, process start
@@ -276,7 +291,8 @@ def _run_worker(job: dict, folder: Path, vid: str, device: str, threads: int,
     spec_path = folder / f"{vid}.{device}.spec.json"
     out_path = folder / f"{vid}.{device}.worker.json"
     # label and progress_seconds only steer the progress lines: not part of the cache key.
-    spec_path.write_text(json.dumps({**job, "label": label if log else "", "progress_seconds": progress_seconds()}))
+    spec_path.write_text(job.model_copy(update={"label": label if log else "",
+                                                "progress_seconds": progress_seconds()}).dump_json())
     env = dict(os.environ)
     # Fix the thread pools of every runtime before it starts (torch, OpenMP, MKL, ORT).
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"})
@@ -296,12 +312,20 @@ def _run_worker(job: dict, folder: Path, vid: str, device: str, threads: int,
             elif line.strip():
                 tail.append(line.strip())
         returncode = proc.wait()
+    kind = RoundTimes if job.latency_only else Measurement
+    result = None
     if out_path.is_file():
-        result = json.loads(out_path.read_text())
-    else:
+        from pydantic import ValidationError
+
+        try:
+            result = kind.model_validate_json(out_path.read_text())
+        except ValidationError as exc:
+            result = kind(ok=False, error=f"the benchmark process wrote a result of another shape "
+                                          f"({str(exc).splitlines()[0][:150]})")
+    if result is None:
         last = tail[-1] if tail else f"exit code {returncode}"
-        result = {"ok": False, "error": f"benchmark process died: {last[:200]}"}
-    result["wall_seconds"] = round(time.perf_counter() - start, 2)
+        result = kind(ok=False, error=f"benchmark process died: {last[:200]}")
+    result.wall_seconds = round(time.perf_counter() - start, 2)
     out_path.unlink(missing_ok=True)
     spec_path.unlink(missing_ok=True)
     return result
@@ -317,12 +341,12 @@ def worker_command() -> list[str]:
     return [sys.executable, "-c", "import sys; del sys.path[0]; from compress.bench_worker import main; main()"]
 
 
-def _store(path: Path, result: dict) -> None:
+def _store(path: Path, result: Measurement) -> None:
     """Caches a successful measurement atomically (a run killed here leaves no half file);
     failures are not cached: the next run tries again."""
-    if result.get("ok"):
+    if result.ok:
         part = path.with_suffix(".part")
-        part.write_text(json.dumps(sealed(result)))
+        part.write_text(json.dumps(sealed(result.dump())))
         part.rename(path)
     else:
         path.unlink(missing_ok=True)

@@ -68,6 +68,7 @@ def run(
     from compress.errors import RecipeError
     from compress.recipe import load_recipe
     from compress.report import print_report
+    from compress.report_json import as_report
     from compress.runner import run_recipe
 
     r = load_recipe(recipe, set_ or [])
@@ -79,14 +80,16 @@ def run(
             raise RecipeError("--force", f, f"names no stage (known: {', '.join(sorted(ids))})")
     if force and no_rebuild:
         raise CompressError("--force and --no-rebuild contradict each other; use one")
-    report = run_recipe(r, artifacts, tuple(force or ()), threads=threads, rebuild=not no_rebuild)
-    if report is None:  # a secondary process of `accelerate launch`: the main one reports
+    written = run_recipe(r, artifacts, tuple(force or ()), threads=threads, rebuild=not no_rebuild)
+    if written is None:  # a secondary process of `accelerate launch`: the main one reports
         return
+    report = as_report(written)
     print_report(report)
-    log(f"reports: {Path(report['run_dir']) / 'report.md'}, {Path(report['run_dir']) / 'report.html'}, "
-        f"{Path(report['run_dir']) / 'report.json'}, {Path(report['run_dir']) / 'junit.xml'}"
-        f" ({report['manifest']['seconds']:.0f}s)")
-    raise typer.Exit(report["decision"]["exit_code"])
+    run_dir = Path(report.run_dir)
+    log(f"reports: {run_dir / 'report.md'}, {run_dir / 'report.html'}, "
+        f"{run_dir / 'report.json'}, {run_dir / 'junit.xml'}"
+        f" ({report.manifest.seconds or 0:.0f}s)")
+    raise typer.Exit(report.decision.exit_code)
 
 
 @app.command()
@@ -132,7 +135,8 @@ def _type_name(ann) -> str:
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="A run folder (artifacts/NAME) or its report.json.")]) -> None:
     """Re-render the reports of a finished run (terminal table, report.md, report.html, junit.xml)."""
-    from compress.report import print_report, read_report, write_reports
+    from compress.report import print_report, write_reports
+    from compress.report_json import read_report
 
     rep = read_report(run_dir)
     print_report(rep)
@@ -147,26 +151,28 @@ def gate(
     max_drop: Annotated[Optional[float], typer.Option(help="Accuracy drop allowed in points (default: the report's budget).", min=0)] = None,
     device: Annotated[Optional[str], typer.Option(help="Device row to check (default: the report's deciding device).")] = None,
 ) -> None:
-    """Check one variant of an existing report against the accuracy budget: exit 0 or 3."""
+    """Check one variant of an existing report against the quality budget (accuracy for a classifier): exit 0 or 3."""
     from compress.console import out
-    from compress.report import read_report
+    from compress.decision import quality_check
+    from compress.report_json import read_report
 
     rep = read_report(report_path)
-    device = device or rep["decision"]["device"]
-    rows = [r for r in rep["rows"] if r["id"] == variant and r["device"] == device]
+    device = device or rep.decision.device
+    rows = [r for r in rep.rows if r.id == variant and r.device == device]
     if not rows:
-        known = sorted({r["id"] for r in rep["rows"]})
+        known = sorted({r.id for r in rep.rows})
         raise CompressError(f"--variant: no variant '{variant}' on {device} in the report (known: {', '.join(known)})")
     r = rows[0]
-    limit = rep["budget"]["max_accuracy_drop"] if max_drop is None else max_drop
-    if not r["ok"] or r.get("delta") is None:
-        out.print(f"FAIL {variant}: not measured ({r.get('error', 'no accuracy delta')})", highlight=False)
+    metric = rep.metric
+    limit = rep.budget.max_accuracy_drop if max_drop is None else max_drop
+    if not r.ok or r.delta is None or r.delta_ci95 is None:
+        out.print(f"FAIL {variant}: not measured ({r.error or f'no {metric.name} delta'})", highlight=False)
         raise typer.Exit(EXIT_BUDGET)
-    gate_on = rep["budget"].get("gate_on", "point")
-    value = r["delta_ci95"][0] if gate_on == "ci_lower" else r["delta"]
-    ok = -value <= limit
-    out.print(f"{'PASS' if ok else 'FAIL'} {variant} on {device}: accuracy {r['accuracy']:.2f}, delta "
-              f"{r['delta']:+.2f} points (95% CI {r['delta_ci95'][0]:+.2f}..{r['delta_ci95'][1]:+.2f}); "
+    gate_on = rep.budget.gate_on
+    ok = quality_check(r, limit, gate_on, metric).status == "pass"
+    lo, hi = r.delta_ci95
+    out.print(f"{'PASS' if ok else 'FAIL'} {variant} on {device}: {metric.name} {r.quality:.2f}, delta "
+              f"{r.delta:+.2f} {metric.delta_unit} (95% CI {lo:+.2f}..{hi:+.2f}); "
               f"allowed drop {limit:.2f} (on {gate_on})", highlight=False)
     raise typer.Exit(EXIT_OK if ok else EXIT_BUDGET)
 

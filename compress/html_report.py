@@ -1,6 +1,7 @@
 """report.html: one self-contained page (inline SVG plots and CSS, nothing fetched) with
-the variant table, the Pareto plots (accuracy against p95 latency, $/1K and size, with the
-selected variant and the budget lines marked), the latency/throughput curve per variant,
+the variant table, the Pareto plots (quality, the task's metric, against p95 latency, $/1K
+and size, with the selected variant and the budget lines marked), the latency/throughput
+curve per variant,
 why the others lost, and the run manifest. Rendered from report.json like the other
 reports; matplotlib is imported only here, and only its object API is used (no pyplot, so
 no global backend state).
@@ -12,7 +13,8 @@ import io
 import json
 from html import escape
 
-from compress.report import HEADERS, table_rows
+from compress.decision import Row
+from compress.report_json import Report, as_report, headers, table_rows
 
 REPORT_HTML = "report.html"
 
@@ -50,9 +52,9 @@ def _figure(width: float = 4.6, height: float = 3.6):
     return fig, fig.add_subplot()
 
 
-def _deciding_rows(report: dict) -> list[dict]:
-    d = report["decision"]
-    return [r for r in report["rows"] if r["device"] == d["device"] and r["ok"]]
+def _deciding_rows(report: Report) -> list[Row]:
+    d = report.decision
+    return [r for r in report.rows if r.device == d.device and r.ok]
 
 
 def _pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -65,34 +67,39 @@ def _pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]
     return front
 
 
-def pareto_plot(report: dict, key: str, label: str) -> str:
-    """Accuracy against one cost axis on the deciding device: selected variant starred,
-    the accuracy budget as a horizontal line, an SLO / size limit as a vertical line."""
-    rows = [r for r in _deciding_rows(report) if r.get(key) is not None]
+def pareto_plot(report: Report, key: str, label: str) -> str:
+    """Quality against one cost axis on the deciding device: selected variant starred,
+    the quality budget as a horizontal line, an SLO / size limit as a vertical line."""
+    m = report.metric
+    rows = [r for r in _deciding_rows(report) if r.figure(key) is not None]
     fig, ax = _figure()
     if not rows:
         ax.text(0.5, 0.5, f"no {label} figures", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return _svg(fig)
-    b = report["budget"]
-    base = next((r for r in rows if r["id"] == b["baseline"]), None)
-    front = _pareto_front([(r[key], r["accuracy"]) for r in rows])
+    b = report.budget
+    base = next((r for r in rows if r.id == b.baseline), None)
+    # The front keeps the points not beaten on both axes: quality made "higher is better".
+    sign = 1.0 if m.higher_is_better else -1.0
+    front = [(x, sign * y) for x, y in _pareto_front([(r.figure(key), sign * r.quality) for r in rows])]
     ax.plot([p[0] for p in front], [p[1] for p in front], color="#bbbbbb", lw=1, zorder=1, label="Pareto front")
     for r in rows:
-        colour = VERDICT_COLOUR.get(r.get("verdict"), "#555555")
-        marker = {"selected": "*", "baseline": "s"}.get(r.get("verdict"), "o")
-        size = 220 if r.get("verdict") == "selected" else 60
-        ax.scatter([r[key]], [r["accuracy"]], s=size, marker=marker, color=colour, zorder=3,
-                   edgecolors="black", linewidths=0.5)
-        if r.get("delta_ci95") and r.get("delta") is not None:  # the delta's 95% interval, on accuracy
-            lo, hi = r["delta_ci95"]
-            ax.vlines(r[key], r["accuracy"] + lo - r["delta"], r["accuracy"] + hi - r["delta"],
-                      color=colour, lw=1, zorder=2)
-        ax.annotate(r["id"], (r[key], r["accuracy"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        x, y = r.figure(key), r.quality
+        colour = VERDICT_COLOUR.get(r.verdict or "", "#555555")
+        marker = {"selected": "*", "baseline": "s"}.get(r.verdict or "", "o")
+        size = 220 if r.verdict == "selected" else 60
+        ax.scatter([x], [y], s=size, marker=marker, color=colour, zorder=3, edgecolors="black", linewidths=0.5)
+        if r.delta_ci95 and r.delta is not None:  # the delta's 95% interval, on the quality axis
+            lo, hi = r.delta_ci95
+            ax.vlines(x, y + lo - r.delta, y + hi - r.delta, color=colour, lw=1, zorder=2)
+        ax.annotate(r.id, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
     if base is not None:
-        floor = base["accuracy"] - b["max_accuracy_drop"]
-        ax.axhline(floor, color="#d73027", ls="--", lw=1, label=f"accuracy budget (-{b['max_accuracy_drop']:g} pts)")
-    limit = {"p95_ms": b.get("latency_p95_ms"), "size_mb": b.get("max_size_mb")}.get(key)
+        drop = b.max_accuracy_drop
+        floor = base.quality - drop if m.higher_is_better else base.quality + drop
+        unit = "pts" if m.delta_unit == "points" else m.delta_unit
+        ax.axhline(floor, color="#d73027", ls="--", lw=1,
+                   label=f"{m.name} budget ({'-' if m.higher_is_better else '+'}{drop:g} {unit})")
+    limit = {"p95_ms": b.latency_p95_ms, "size_mb": b.max_size_mb}.get(key)
     if limit is not None:
         ax.axvline(limit, color="#f46d43", ls=":", lw=1.2, label="SLO" if key == "p95_ms" else "size limit")
     if key == "usd_per_1k":  # values like 0.00002: plain ticks overlap; show them in micro-dollars
@@ -101,32 +108,32 @@ def pareto_plot(report: dict, key: str, label: str) -> str:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 1e6:g}"))
         label = "micro-$ per 1K inferences"
     ax.set_xlabel(label)
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"accuracy vs {label} ({report['decision']['device']})", fontsize=10)
+    ax.set_ylabel(f"{m.name} ({m.unit})" if m.unit else m.name)
+    ax.set_title(f"{m.name} vs {label} ({report.decision.device})", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return _svg(fig)
 
 
-def curve_plot(report: dict, device: str) -> str:
+def curve_plot(report: Report, device: str) -> str:
     """p95 batch latency against throughput as the batch size grows, per variant; the
     operating point used for $/1K circled, the SLO as a horizontal line."""
-    rows = [r for r in report["rows"] if r["device"] == device and r["ok"] and r.get("batches")]
+    rows = [r for r in report.rows if r.device == device and r.ok and r.batches]
     fig, ax = _figure(6.4, 4.2)
     for r in rows:
-        bs = sorted(r["batches"], key=lambda x: x["batch_size"])
-        line = ax.plot([x["throughput"] for x in bs], [x["p95_ms"] for x in bs], marker="o", ms=4, label=r["id"])[0]
+        bs = sorted(r.batches or [], key=lambda x: x.batch_size)
+        line = ax.plot([x.throughput for x in bs], [x.p95_ms for x in bs], marker="o", ms=4, label=r.id)[0]
         for x in bs:
-            ax.annotate(f"b{x['batch_size']}", (x["throughput"], x["p95_ms"]), textcoords="offset points",
+            ax.annotate(f"b{x.batch_size}", (x.throughput, x.p95_ms), textcoords="offset points",
                         xytext=(4, -9), fontsize=7, color=line.get_color())
-        op = r.get("operating_point")
+        op = r.operating_point
         if op:
-            ax.scatter([op["throughput"]], [op["p95_ms"]], s=140, facecolors="none", edgecolors=line.get_color(),
+            ax.scatter([op.throughput], [op.p95_ms], s=140, facecolors="none", edgecolors=line.get_color(),
                        linewidths=1.5, zorder=3)
-    slo = report["budget"].get("latency_p95_ms")
+    slo = report.budget.latency_p95_ms
     if slo is not None:
         ax.axhline(slo, color="#f46d43", ls=":", lw=1.2, label="SLO (p95)")
-    ax.set_xlabel("throughput (sequences/s)")
+    ax.set_xlabel(f"throughput ({report.task_info.throughput_unit.replace('seq/s', 'sequences/s')})")
     ax.set_ylabel("p95 batch latency (ms)")
     ax.set_title(f"latency / throughput by batch size ({device}; circled: $/1K operating point)", fontsize=10)
     ax.grid(alpha=0.3)
@@ -143,69 +150,71 @@ def _safe(plot, *args) -> str:
         return f"<p><em>plot unavailable: {escape(exc.__class__.__name__)}: {escape(str(exc)[:200])}</em></p>"
 
 
-def _table(report: dict) -> str:
-    routed = any(r.get("routed_share") is not None for r in report["rows"])
-    heads = HEADERS + (["to large"] if routed else [])
-    out = ["<table><tr>" + "".join(f"<th class='{'l' if i in (0, 1, 2, len(HEADERS) - 1) else ''}'>{escape(h)}</th>"
+def _table(report: Report) -> str:
+    routed = any(r.routed_share is not None for r in report.rows)
+    base = headers(report)
+    heads = base + (["to large"] if routed else [])
+    out = ["<table><tr>" + "".join(f"<th class='{'l' if i in (0, 1, 2, len(base) - 1) else ''}'>{escape(h)}</th>"
                                    for i, h in enumerate(heads)) + "</tr>"]
-    for cells, r in zip(table_rows(report), report["rows"]):
+    for cells, r in zip(table_rows(report), report.rows):
         if routed:
-            cells = cells + ["-" if r.get("routed_share") is None else f"{r['routed_share']:.0%}"]
-        tds = "".join(f"<td class='{'l' if i in (0, 1, 2, len(HEADERS) - 1) else ''}'>{escape(c)}</td>"
+            cells = cells + ["-" if r.routed_share is None else f"{r.routed_share:.0%}"]
+        tds = "".join(f"<td class='{'l' if i in (0, 1, 2, len(base) - 1) else ''}'>{escape(c)}</td>"
                       for i, c in enumerate(cells))
-        out.append(f"<tr class='{escape(r.get('verdict', '').replace(' ', '-'))}'>{tds}</tr>")
+        out.append(f"<tr class='{escape((r.verdict or '').replace(' ', '-'))}'>{tds}</tr>")
     return "\n".join(out + ["</table>"])
 
 
-def _batches_table(report: dict) -> str:
-    out = ["<table><tr><th class='l'>variant</th><th class='l'>device</th><th>batch</th><th>seq/s</th>"
-           "<th>p50 ms</th><th>p95 ms</th><th>padding</th><th>$/1K</th></tr>"]
-    for r in report["rows"]:
-        if not r["ok"]:
+def _batches_table(report: Report) -> str:
+    unit = escape(report.task_info.throughput_unit)
+    out = ["<table><tr><th class='l'>variant</th><th class='l'>device</th><th>batch</th>"
+           f"<th>{unit}</th><th>p50 ms</th><th>p95 ms</th><th>padding</th><th>$/1K</th></tr>"]
+    for r in report.rows:
+        if not r.ok:
             continue
-        price = (r.get("price") or {}).get("usd_per_hour")
-        for b in sorted(r.get("batches", []), key=lambda x: x["batch_size"]):
-            cost = f"${price / 3600 / b['throughput'] * 1000:.5f}" if price and b["throughput"] > 0 else "-"
-            mark = " *" if r.get("operating_point") and r["operating_point"]["batch_size"] == b["batch_size"] else ""
-            out.append(f"<tr><td class='l'>{escape(r['id'])}</td><td class='l'>{escape(r['device'])}</td>"
-                       f"<td>{b['batch_size']}{mark}</td><td>{b['throughput']:,.0f}</td><td>{b['p50_ms']:.2f}</td>"
-                       f"<td>{b['p95_ms']:.2f}</td><td>{b.get('padding_waste', 0):.0%}</td><td>{cost}</td></tr>")
+        price = r.price.usd_per_hour if r.price is not None else None
+        for b in sorted(r.batches or [], key=lambda x: x.batch_size):
+            cost = f"${price / 3600 / b.throughput * 1000:.5f}" if price and b.throughput > 0 else "-"
+            mark = " *" if r.operating_point and r.operating_point.batch_size == b.batch_size else ""
+            out.append(f"<tr><td class='l'>{escape(r.id)}</td><td class='l'>{escape(r.device)}</td>"
+                       f"<td>{b.batch_size}{mark}</td><td>{b.throughput:,.0f}</td><td>{b.p50_ms:.2f}</td>"
+                       f"<td>{b.p95_ms:.2f}</td><td>{b.padding_waste or 0:.0%}</td><td>{cost}</td></tr>")
     return "\n".join(out + ["</table><p><small>* the operating point used for $/1K (best throughput whose p95 "
                             "batch latency meets the SLO).</small></p>"])
 
 
-def render(report: dict) -> str:
-    d, b = report["decision"], report["budget"]
-    if d["selected"]:
-        banner = (f"<div class='banner ok'>Deploy <b>{escape(d['selected'])}</b> ({escape(d['objective'])} on "
-                  f"{escape(d['device'])})</div>")
+def render(report: "Report | dict") -> str:
+    report = as_report(report)
+    d, b, metric = report.decision, report.budget, report.metric
+    if d.selected:
+        banner = (f"<div class='banner ok'>Deploy <b>{escape(d.selected)}</b> ({escape(d.objective)} on "
+                  f"{escape(d.device)})</div>")
     else:
         banner = (f"<div class='banner bad'><b>No compressed variant is within budget</b> (exit code "
-                  f"{d['exit_code']})</div>")
-    limits = [f"max accuracy drop {b['max_accuracy_drop']:g} points (gate on {b.get('gate_on', 'point')})"]
-    if b.get("latency_p95_ms"):
-        limits.append(f"p95 &le; {b['latency_p95_ms']:g} ms")
-    if b.get("max_size_mb"):
-        limits.append(f"size &le; {b['max_size_mb']:g} MB")
-    why = [f"<li><code>{escape(r['id'])}</code> ({escape(r['device'])}): {escape('; '.join(r['reasons']))}</li>"
-           for r in report["rows"] if r.get("verdict") in ("rejected", "within budget", "failed") and r.get("reasons")]
-    notes = [escape(n) for n in report.get("notes", []) + d.get("notes", [])]
-    notes += [f"<code>{escape(r['id'])}</code> ({escape(r['device'])}): {escape(n)}"
-              for r in report["rows"] for n in r.get("notes", [])]
+                  f"{d.exit_code})</div>")
+    limits = [f"max {escape(metric.name)} drop {b.max_accuracy_drop:g} {escape(metric.delta_unit)} (gate on {b.gate_on})"]
+    if b.latency_p95_ms:
+        limits.append(f"p95 &le; {b.latency_p95_ms:g} ms")
+    if b.max_size_mb:
+        limits.append(f"size &le; {b.max_size_mb:g} MB")
+    why = [f"<li><code>{escape(r.id)}</code> ({escape(r.device)}): {escape('; '.join(r.reasons))}</li>"
+           for r in report.rows if r.verdict in ("rejected", "within budget", "failed") and r.reasons]
+    notes = [escape(n) for n in report.notes + d.notes]
+    notes += [f"<code>{escape(r.id)}</code> ({escape(r.device)}): {escape(n)}" for r in report.rows for n in r.notes]
     pareto = "".join(f"<figure>{_safe(pareto_plot, report, key, label)}</figure>"
                      for key, label in (("p95_ms", "p95 latency at batch 1 (ms)"), ("usd_per_1k", "$ per 1K inferences"),
                                         ("size_mb", "size on disk (MB)")))
-    curves = "".join(f"<figure>{_safe(curve_plot, report, dev)}</figure>" for dev in report.get("devices", []))
-    m = report.get("manifest", {})
+    curves = "".join(f"<figure>{_safe(curve_plot, report, dev)}</figure>" for dev in report.devices)
+    m = report.manifest.model_dump(exclude_unset=True)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>compress: {escape(report['recipe'])}</title><style>{CSS}</style></head><body>",
-        f"<h1>compress: {escape(report['recipe'])}</h1>", banner,
-        f"<p>Budget: {', '.join(limits)}; baseline <code>{escape(b['baseline'])}</code>.</p>",
+        f"<title>compress: {escape(report.recipe)}</title><style>{CSS}</style></head><body>",
+        f"<h1>compress: {escape(report.recipe)}</h1>", banner,
+        f"<p>Budget: {', '.join(limits)}; baseline <code>{escape(b.baseline)}</code>.</p>",
         "<h2>Variants</h2>", _table(report),
         "<h2>Trade-offs</h2><div class='plots'>", pareto, "</div>",
-        "<p><small>Star: selected; square: baseline; bars: 95% bootstrap interval of the accuracy delta; "
-        "dashed: the accuracy budget; dotted: the SLO or size limit.</small></p>",
+        f"<p><small>Star: selected; square: baseline; bars: 95% bootstrap interval of the {escape(metric.name)} "
+        f"delta; dashed: the {escape(metric.name)} budget; dotted: the SLO or size limit.</small></p>",
         "<h2>Latency and throughput</h2><div class='plots'>", curves, "</div>", _batches_table(report),
         "<h2>Why the others lost</h2>", f"<ul>{''.join(why)}</ul>" if why else "<p>-</p>",
     ]

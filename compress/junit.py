@@ -1,8 +1,9 @@
 """junit.xml: the budget checks as test cases, so CI systems show the gate natively.
 
 One test case per budget check of every candidate variant on the deciding device
-(accuracy budget, latency SLO, size limit; a limit the budget does not set is a skipped
-case), plus one `decision` case that fails when no compressed variant is within budget
+(the quality budget, named after the task's metric: `accuracy budget`; latency SLO; size
+limit; a limit the budget does not set is a skipped case), plus one `decision` case that
+fails when no compressed variant is within budget
 (the run's exit code 3). Rendered from report.json like the other reports.
 """
 
@@ -12,6 +13,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from compress.decision import budget_checks
+from compress.report_json import Report, as_report
 
 JUNIT_XML = "junit.xml"
 
@@ -25,10 +27,11 @@ def _text(value) -> str:
     return _NOT_XML.sub(lambda m: f"\\u{ord(m.group()):04x}", str(value))
 
 
-def junit_xml(report: dict) -> str:
-    budget = report["budget"]
-    d = report["decision"]
-    suite_name = f"compress.{report['recipe']}"
+def junit_xml(report: "Report | dict") -> str:
+    report = as_report(report)
+    budget = report.budget
+    d = report.decision
+    suite_name = f"compress.{report.recipe}"
     cases: list[ET.Element] = []
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
 
@@ -49,19 +52,19 @@ def junit_xml(report: dict) -> str:
         counts["tests"] += 1
         cases.append(el)
 
-    for r in report["rows"]:
-        if r["device"] != d["device"] or r.get("verdict") in ("baseline", "reported"):
+    for r in report.rows:
+        if r.device != d.device or r.verdict in ("baseline", "reported"):
             continue
-        checks = r.get("checks") or budget_checks(r, budget)
+        checks = r.checks or budget_checks(r, budget, report.metric)
         for c in checks:
-            case(f"{suite_name}.{r['id']}", f"{c['name']} ({r['device']})", c["status"], c["message"])
+            case(f"{suite_name}.{r.id}", f"{c.name} ({r.device})", c.status, c.message)
 
-    if d["selected"]:
-        case(suite_name, "decision", "pass", f"deploy {d['selected']} ({d['objective']} on {d['device']})")
+    if d.selected:
+        case(suite_name, "decision", "pass", f"deploy {d.selected} ({d.objective} on {d.device})")
     else:
-        bf = d.get("best_failed")
+        bf = d.best_failed
         msg = "no compressed variant is within budget" + (
-            f"; closest: {bf['id']} ({'; '.join(bf['reasons'])})" if bf else "")
+            f"; closest: {bf.id} ({'; '.join(bf.reasons)})" if bf else "")
         case(suite_name, "decision", "fail", msg)
 
     root = ET.Element("testsuites", {"name": "compress", **{k: str(v) for k, v in counts.items() if k != "skipped"}})

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from compress.artifacts import MARKER, MODEL_CARD
+from compress.report_json import Report, as_report
 
 # A hub id: "name" or "owner/name", as the hub spells them (no path, no scheme).
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?")
@@ -67,19 +68,25 @@ def _settings(with_: dict, limit: int = 6) -> str:
     return ", ".join(items[:limit]) + (", ..." if len(items) > limit else "")
 
 
+# How the hub's model-index names a secondary metric of ours.
+_HUB_METRIC = {"macro_f1": {"type": "f1", "name": "macro-F1"}}
+
+
 def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def card(report: dict, variant: str) -> str:
+def card(report: "Report | dict", variant: str) -> str:
     """The README.md of one variant folder."""
     import yaml
 
-    m = report["manifest"]
-    recipe = m["recipe"]
-    rows = [r for r in report["rows"] if r["id"] == variant]
-    ok = [r for r in rows if r.get("ok")]
-    fmt = rows[0]["format"] if rows else None
+    report = as_report(report)
+    m = report.manifest
+    recipe = m.recipe
+    metric, secondary = report.metric, report.task_info.secondary
+    rows = [r for r in report.rows if r.id == variant]
+    ok = [r for r in rows if r.ok]
+    fmt = rows[0].format if rows else None
     data_src = _name(recipe.get("data", {}).get("dataset"))
     base = _hub_id(recipe.get("model", {}).get("source"))
     dataset = _hub_id(recipe.get("data", {}).get("dataset"))
@@ -95,8 +102,8 @@ def card(report: dict, variant: str) -> str:
     meta["pipeline_tag"] = "text-classification"
     meta["tags"] = list(dict.fromkeys(["compress", "text-classification", *(s["uses"] for s in steps),
                                        *([fmt] if fmt else [])]))
-    meta["metrics"] = ["accuracy", "f1"]
-    deciding = next((r for r in ok if r["device"] == report["decision"].get("device")), ok[0] if ok else None)
+    meta["metrics"] = [metric.name, *(_HUB_METRIC.get(s.name, {}).get("type", s.name) for s in secondary)]
+    deciding = next((r for r in ok if r.device == report.decision.device), ok[0] if ok else None)
     if deciding is not None:
         meta["model-index"] = [{
             "name": variant,
@@ -104,48 +111,52 @@ def card(report: dict, variant: str) -> str:
                 "task": {"type": "text-classification"},
                 "dataset": {"name": data_src, "type": dataset or data_src, "split": str(eval_split)},
                 "metrics": [
-                    {"type": "accuracy", "value": round(deciding["accuracy"], 2)},
-                    {"type": "f1", "name": "macro-F1", "value": round(deciding["macro_f1"], 2)},
+                    {"type": metric.name, "value": round(deciding.quality, 2)},
+                    *({**_HUB_METRIC.get(s.name, {"type": s.name}), "value": round(getattr(deciding, s.name), 2)}
+                      for s in secondary if getattr(deciding, s.name, None) is not None),
                 ],
             }],
         }]
 
-    cpu = m["hardware"]["cpu"]
-    selected = report["decision"].get("selected") == variant
+    cpu = m.hardware["cpu"]
+    selected = report.decision.selected == variant
     lines = [f"# {_text(variant)}", ""]
     lines.append(
         f"A text classifier (`{_code(fmt)}` format) made by compress from "
         f"`{_code(_name(recipe.get('model', {}).get('source')))}`, "
-        f"evaluated on `{_code(data_src)}` ({_text(eval_split)} split, {m['data'].get('eval_examples')} examples)."
+        f"evaluated on `{_code(data_src)}` ({_text(eval_split)} split, {m.data.get('eval_examples')} examples)."
         + (" **Selected for deployment** by this run." if selected else "")
     )
     lines += ["", "## Compression chain", ""]
     lines += [f"{i}. `{_code(s['id'])}`: `{_code(s['uses'])}`" + (f" ({_text(_settings(s.get('with')))})"
                                                              if _settings(s.get("with")) else "")
               for i, s in enumerate(steps, 1)] or ["(the recipe's model, unchanged)"]
+    heads = [f"{metric.name} {metric.unit}".strip(), "delta vs baseline (95% CI)",
+             *(f"{s.label or s.name}" for s in secondary)]
     lines += ["", "## Measured", "",
-              "| device | accuracy % | delta vs baseline (95% CI) | macro-F1 % | size MB | p50 / p95 ms (batch 1) "
-              "| best throughput seq/s | $/1K | verdict |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| device | " + " | ".join(heads) + " | size MB | p50 / p95 ms (batch 1) "
+              f"| best throughput {report.task_info.throughput_unit} | $/1K | verdict |",
+              "|---" * (len(heads) + 6) + "|"]
     for r in rows:
-        if not r.get("ok"):
-            lines.append(f"| {_text(r['device'])} | failed: {_text(r.get('error'), 120)} | | | | | | | |")
+        if not r.ok:
+            lines.append(f"| {_text(r.device)} | failed: {_text(r.error, 120)} |" + " |" * (len(heads) + 4))
             continue
-        ci = r.get("delta_ci95")
-        delta = "-" if r.get("delta") is None else f"{r['delta']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
-        best = max(r.get("throughput", {}).values(), default=None)
+        ci = r.delta_ci95
+        delta = "-" if r.delta is None else f"{r.delta:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+        best = max((r.throughput or {}).values(), default=None)
+        figures = [f"{r.quality:.2f}", delta, *(_num(getattr(r, s.name, None), ".2f") for s in secondary)]
         lines.append(
-            f"| {_text(r['device'])} | {r['accuracy']:.2f} | {delta} | {r['macro_f1']:.2f} | {r['size_mb']:.1f} | "
-            f"{r['latency_ms']['p50']:.2f} / {r['latency_ms']['p95']:.2f} | {_num(best, ',.0f')} | "
-            f"{_num(r.get('usd_per_1k'), '.4f')} | {_text(r.get('verdict', ''))} |")
-    notes = [n for r in rows for n in r.get("notes", [])]
+            f"| {_text(r.device)} | " + " | ".join(figures) + f" | {r.size_mb:.1f} | "
+            f"{r.latency_ms.p50:.2f} / {r.latency_ms.p95:.2f} | {_num(best, ',.0f')} | "
+            f"{_num(r.usd_per_1k, '.4f')} | {_text(r.verdict or '')} |")
+    notes = [n for r in rows for n in r.notes]
     if notes:
         lines += ["", *[f"- {_text(n)}" for n in notes]]
-    lines += ["", f"Baseline: `{_code(report['budget'].get('baseline'))}`. Machine: {_text(cpu.get('model'))} "
-              f"({_text(cpu.get('arch'))}, {m['threads']} threads of {cpu.get('cores')} cores). "
-              f"Accuracy at batch 1 over the whole eval split; latency at batch 1 after warm-up; the interval is a "
-              f"paired bootstrap 95% interval of the delta. compress {_text(m['versions'].get('compress', '?'))}, "
-              f"run started {_text(m.get('started', '?'))}."]
+    lines += ["", f"Baseline: `{_code(report.budget.baseline)}`. Machine: {_text(cpu.get('model'))} "
+              f"({_text(cpu.get('arch'))}, {m.threads} threads of {cpu.get('cores')} cores). "
+              f"{metric.name.capitalize()} at batch 1 over the whole eval split; latency at batch 1 after warm-up; the "
+              f"interval is a paired bootstrap 95% interval of the delta. compress "
+              f"{_text(m.versions.get('compress', '?'))}, run started {_text(m.started or '?')}."]
     lines += ["", "## Use", "", *_usage(fmt)]
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=False, width=1000)
     return f"---\n{front}---\n\n" + "\n".join(lines) + "\n"
@@ -168,12 +179,13 @@ def _usage(fmt: str | None) -> list[str]:
             "needs compress's loader)."]
 
 
-def write_model_cards(report: dict, run_dir: Path) -> list[Path]:
+def write_model_cards(report: "Report | dict", run_dir: Path) -> list[Path]:
     """A README.md in every measured variant's folder inside the run folder (the recipe's
     own model, elsewhere, is left alone). Each is written atomically. Returns the paths."""
     written = []
+    report = as_report(report)
     run_dir = Path(run_dir)
-    for variant in dict.fromkeys(r["id"] for r in report["rows"]):
+    for variant in dict.fromkeys(r.id for r in report.rows):
         folder = run_dir / variant
         if not (folder / MARKER).is_file() or folder.resolve().parent != run_dir.resolve():
             continue

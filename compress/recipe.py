@@ -289,6 +289,11 @@ class BudgetSpec(Strict):
 class Recipe(Strict):
     schema_version: Literal[1] = Field(description="Recipe format version; always 1.")
     name: str = Field(description="Run name; outputs go to `<artifacts>/<name>/`.")
+    task: Literal["sequence-classification"] = Field(
+        "sequence-classification",
+        description="What the models do, and so how variants are scored and timed (compress/tasks): "
+        "`sequence-classification` (single texts or pairs; quality is accuracy, a timed call one forward pass).",
+    )
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec
     stages: list[StageSpec] = Field(min_length=1)
@@ -524,6 +529,9 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
             kind = get_stage(spec.uses)  # imports that stage's module only
         except KeyError as exc:  # "unknown stage kind 'x'; valid: ..."
             raise RecipeError(where, f"stages[{i}].uses", exc.args[0]) from exc
+        if recipe.task not in kind.tasks:
+            raise RecipeError(where, f"stages[{i}].uses", f"{spec.uses} does not take task '{recipe.task}' (the "
+                              f"recipe's `task` key; it takes {', '.join(kind.tasks)}): use another stage kind")
         try:
             spec._config = kind.config.model_validate(spec.with_)
         except ValidationError as err:

@@ -104,6 +104,9 @@ class StageKind:
     # for its input and its refs); checked at validation through `new_tokenizer` on the way
     # up. No kind needs it today: a cascade's members each tokenize for themselves.
     refs_share_tokenizer: bool = False
+    # The tasks (compress/tasks) whose models the stage can take and make: a recipe whose
+    # `task` is not among them is refused at validation.
+    tasks: tuple[str, ...] = ("sequence-classification",)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

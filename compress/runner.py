@@ -22,7 +22,7 @@ from compress.console import heartbeat, quiet_libraries, stamped
 from compress.console import log as default_log
 from compress.errors import ArtifactError, StageError
 from compress.plan import Plan, Step, build_plan, resolve_models
-from compress.recipe import BENCHMARKABLE, MODEL_ID, Recipe
+from compress.recipe import MODEL_ID, Recipe
 from compress.registry import StageResult, get_stage  # looked up here at run time (tests swap a kind in)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -403,105 +403,8 @@ def _json(obj) -> str:
     return json.dumps(obj, indent=1, default=str)
 
 
-def _timing(stages_info: dict, bench, bench_seconds: float, total: float) -> dict:
-    """report.json `timing`: where this run's time went (reused stages and cached
-    measurements count 0): per stage, per benchmark phase and per measured variant."""
-    spent = {sid: 0.0 if info.get("cached") else info["seconds"] for sid, info in stages_info.items()}
-    stages = {sid: {"seconds": round(spent[sid], 1), "reused": bool(info.get("cached"))}
-              for sid, info in stages_info.items()}
-    stage_total = sum(spent.values())
-    return {
-        "seconds": round(total, 1),
-        "stages": stages,
-        "stages_seconds": round(stage_total, 1),
-        "benchmark": {
-            "seconds": round(bench_seconds, 1),
-            "phases": {k: round(v, 1) for k, v in bench.phase_totals().items()},
-            "variants": {k: {"seconds": round(bench.seconds(k), 1), "phases": {p: round(v, 2) for p, v in ph.items()}}
-                         for k, ph in bench.variants.items()},
-            "cached": list(bench.cached),
-        },
-        # data loading, model resolution, decision and reports
-        "other_seconds": round(max(total - stage_total - bench_seconds, 0.0), 1),
-    }
+def _benchmark_and_decide(*args, **kwargs) -> dict:
+    """The benchmark, the decision and the reports (compress/evaluate.py); report.json's object."""
+    from compress.evaluate import benchmark_and_decide
 
-
-def _benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, log, started, t_start, threads,
-                          data_notes=()) -> dict:
-    from compress import manifest
-    from compress.benchmark import METHOD, BenchTiming, run_benchmarks
-    from compress.decision import build_rows, decide
-    from compress.model_card import write_model_cards
-    from compress.report import write_reports
-
-    base = recipe.budget.baseline
-    variants = [a for a in artifacts.values() if a.format in BENCHMARKABLE and (a.id != MODEL_ID or base == MODEL_ID)]
-    hw = manifest.hardware()
-    vers = manifest.versions()
-    log(f"benchmark: {len(variants)} variants, {threads} threads, batch sizes {recipe.benchmark.batch_sizes}")
-    bench_timing = BenchTiming()
-    t_bench = time.perf_counter()
-    results, bench_notes = run_benchmarks(
-        variants, recipe.benchmark.model_copy(update={"threads": threads}), data, run_dir / "bench",
-        manifest.machine_key(hw, vers), log, reference=base, trust_remote_code=recipe.model.trust_remote_code,
-        timing=bench_timing,
-    )
-    bench_seconds = time.perf_counter() - t_bench
-    if not results.get((base, "cpu"), {}).get("ok") and not any(
-        results.get((base, d), {}).get("ok") for d in recipe.benchmark.devices
-    ):
-        err = next((r.get("error") for (vid, _), r in results.items() if vid == base), "not measured")
-        raise StageError(f"budget.baseline '{base}' could not be benchmarked ({err}); nothing to compare against")
-
-    resolved = recipe.resolved()
-    resolved["benchmark"]["threads"] = threads
-    meta = []
-    for a in variants:
-        spec = None if a.id == MODEL_ID else recipe.stage(a.id)
-        meta.append({
-            "id": a.id, "stage": spec.uses if spec else MODEL_ID, "format": a.format,
-            "source": spec.source if spec else None, "fingerprint": a.fingerprint[:16],
-            # A compressing stage's own word that its output is no smaller (distill on ALBERT).
-            "not_smaller": (a.result or {}).get("not_smaller"),
-            # the other variants it reads (a cascade's large member), for comparisons in the report
-            **({"refs": spec.config.refs()} if spec and spec.config.refs() else {}),
-        })
-    rows = build_rows(meta, results, data.eval.labels, resolved)
-    devices = list(dict.fromkeys(d for (_, d) in results))
-    decision = decide(rows, resolved, devices, eval_examples=len(data.eval))
-    seeds = {"data": recipe.data.seed, **{s.id: getattr(s.config, "seed", None) for s in recipe.stages if hasattr(s.config, "seed")}}
-    report = {
-        "schema_version": 1,
-        "recipe": recipe.name,
-        "run_dir": str(run_dir),
-        "devices": devices,
-        "budget": resolved["budget"],
-        "decision": decision,
-        "rows": rows,
-        "stages": {
-            sid: {**info, "result": {k: v for k, v in artifacts[sid].result.items() if k != "format"}}
-            for sid, info in stages_info.items()
-        },
-        "notes": list(data_notes) + data.notes + bench_notes + (["trust_remote_code is on: model code from the hub was allowed to run"]
-                                if recipe.model.trust_remote_code else []),
-        "manifest": {
-            "recipe_file": str(recipe.path) if recipe.path else None,
-            "recipe": resolved,
-            "versions": vers,
-            "hardware": hw,
-            "threads": threads,
-            "benchmark_method": METHOD,
-            "seeds": seeds,
-            "data": data.describe(),
-            "model": {"source": recipe.model.source, "path": str(model.path), "origin": model.origin,
-                      "format": model.format, "fingerprint": model.fingerprint},
-            "started": started.isoformat(timespec="seconds"),
-            "seconds": round(time.perf_counter() - t_start, 1),
-        },
-    }
-    report["timing"] = _timing(stages_info, bench_timing, bench_seconds,
-                               time.perf_counter() - t_start)
-    write_reports(report, run_dir)
-    write_model_cards(report, run_dir)
-    (run_dir / "manifest.json").write_text(_json(report["manifest"]))
-    return report
+    return benchmark_and_decide(*args, **kwargs)

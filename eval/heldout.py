@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -34,12 +33,17 @@ def main() -> int:
 
     from compress.benchmark import _run_worker, write_eval_file
     from compress.data import Data
-    from compress.decision import decide, paired_bootstrap
-    from compress.recipe import load_recipe
+    from compress.decision import Policy, decide, paired_bootstrap
+    from compress.measure import BenchJob, JobOptions, Measurement
+    from compress.recipe import BenchmarkSpec, BudgetSpec, load_recipe
+    from compress.report_json import read_report
+    from compress.tasks import get_task
 
     recipe = load_recipe(args.recipe, args.overrides)
+    task = get_task(recipe.task)
+    metric = task.metric
     run_dir = Path(args.artifacts) / recipe.name
-    report = json.loads((run_dir / "report.json").read_text())
+    report = read_report(run_dir)
     data = Data(recipe.data, Path(args.recipe).resolve().parent)
     if data.holdout_check is None or len(data.holdout_check) == 0:
         print(f"{args.recipe}: data.holdout.check is 0: the recipe keeps no sentences back to check on")
@@ -47,59 +51,61 @@ def main() -> int:
     check = copy.copy(data)
     check.eval = data.holdout_check
     check.eval_fingerprint = "holdout" + data.train_fingerprint[:9]
-    labels = np.asarray(check.eval.labels)
+    _, targets = task.read_eval(task.eval_rows(check.eval))
 
-    bench = report["manifest"]["recipe"]["benchmark"]
-    rows = [r for r in report["rows"] if r["device"] == args.device and r.get("ok")]
-    results: dict[str, dict] = {}
+    bench = BenchmarkSpec.model_validate(report.manifest.recipe["benchmark"])
+    rows = [r for r in report.rows if r.device == args.device and r.ok]
+    results: dict[str, Measurement] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        eval_file = write_eval_file(check, folder)
+        eval_file = write_eval_file(check, folder, recipe.task)
         for r in rows:
-            job = {
-                "format": r["format"], "path": str(run_dir / r["id"]) if r["id"] != "model" else report["manifest"]["model"]["path"],
-                "device": args.device, "threads": bench["threads"], "batch_sizes": [1],
-                "max_length": bench["max_length"], "warmup": bench["warmup"], "max_latency_examples": 1,
-                "latency_repeats": 1, "eval_file": str(eval_file), "options": {"cuda_dtype": bench["cuda_dtype"]},
-            }
-            results[r["id"]] = _run_worker(job, folder, r["id"], args.device, bench["threads"])
+            job = BenchJob(
+                format=r.format, path=str(run_dir / r.id) if r.id != "model" else report.manifest.model["path"],
+                device=args.device, threads=bench.threads, batch_sizes=[1], max_length=bench.max_length,
+                warmup=bench.warmup, max_latency_examples=1, latency_repeats=1, eval_file=str(eval_file),
+                options=JobOptions(cuda_dtype=bench.cuda_dtype), task=recipe.task,
+            )
+            results[r.id] = _run_worker(job, folder, r.id, args.device, bench.threads)
 
-    base_id = report["budget"]["baseline"]
+    base_id = report.budget.baseline
     base = results.get(base_id)
-    if not base or not base.get("ok"):
-        print(f"baseline '{base_id}' could not be scored: {base and base.get('error')}")
+    if not base or not base.ok:
+        print(f"baseline '{base_id}' could not be scored: {base and base.error}")
         return 1
-    base_correct = np.array(base["predictions"]) == labels
-    samples = int(bench["bootstrap_samples"])
+    base_scores = task.example_scores(np.array(base.predictions), targets)
     held = []
     for r in rows:
-        m = results[r["id"]]
-        h = copy.deepcopy(r)
-        for k in ("verdict", "reasons"):
-            h.pop(k, None)
-        if not m.get("ok"):
-            h.update(ok=False, error=m.get("error"))
+        m = results[r.id]
+        h = r.model_copy(deep=True)
+        h.verdict, h.reasons = None, []
+        if not m.ok:
+            h.ok, h.error = False, m.error
         else:
-            correct = np.array(m["predictions"]) == labels
-            h["accuracy"] = m["accuracy"]
-            h["delta"] = m["accuracy"] - base["accuracy"]
-            h["delta_ci95"] = list(paired_bootstrap(base_correct, correct, samples))
+            h.quality = m.quality
+            h.delta = m.quality - base.quality
+            h.delta_ci95 = paired_bootstrap(base_scores, task.example_scores(np.array(m.predictions), targets),
+                                            bench.bootstrap_samples, scale=task.scale)
         held.append(h)
-    decision = decide(held, report["manifest"]["recipe"], [args.device])
+    policy = Policy(budget=BudgetSpec.model_validate(report.manifest.recipe["budget"]), benchmark=bench,
+                    task=recipe.task)
+    decision = decide(held, policy, [args.device])
 
-    dev = {r["id"]: r for r in rows}
-    print(f"held-out check: {len(labels)} whole sentences of the training split, never trained on, "
-          f"calibrated on or scored by the run ({args.device}, {bench['threads']} threads, batch 1)")
-    head = f"{'variant':<18}{'dev acc':>9}{'dev delta':>11}{'held acc':>10}{'held delta [95% CI]':>26}{'speed-up':>10}{'MB':>8}  verdict on dev / held-out"
+    dev = {r.id: r for r in rows}
+    short = (metric.label or metric.name).split()[0]
+    print(f"held-out check: {len(targets)} whole sentences of the training split, never trained on, "
+          f"calibrated on or scored by the run ({args.device}, {bench.threads} threads, batch 1)")
+    head = (f"{'variant':<18}{'dev ' + short:>9}{'dev delta':>11}{'held ' + short:>10}{'held delta [95% CI]':>26}"
+            f"{'speed-up':>10}{'MB':>8}  verdict on dev / held-out")
     print(head)
     for h in held:
-        d = dev[h["id"]]
-        ci = h.get("delta_ci95")
-        delta = "" if h.get("delta") is None else f"{h['delta']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
-        sp = d.get("speedup_vs_baseline")
-        print(f"{h['id']:<18}{d['accuracy']:>9.2f}{(d.get('delta') or 0):>+11.2f}{h.get('accuracy', float('nan')):>10.2f}"
-              f"{delta:>26}{(f'{sp:.2f}x' if sp else '-'):>10}{d['size_mb']:>8.1f}  {d.get('verdict')} / {h.get('verdict')}")
-    print(f"deployed on dev: {report['decision'].get('selected')}; on the held-out sentences: {decision.get('selected')}")
+        d = dev[h.id]
+        ci = h.delta_ci95
+        delta = "" if h.delta is None else f"{h.delta:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+        sp = d.speedup_vs_baseline
+        print(f"{h.id:<18}{d.quality:>9.2f}{(d.delta or 0):>+11.2f}{h.quality if h.ok else float('nan'):>10.2f}"
+              f"{delta:>26}{(f'{sp:.2f}x' if sp else '-'):>10}{d.size_mb:>8.1f}  {d.verdict} / {h.verdict}")
+    print(f"deployed on dev: {report.decision.selected}; on the held-out sentences: {decision.selected}")
     return 0
 
 

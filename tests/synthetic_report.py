@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compress.decision import build_rows, decide
+from compress.decision import Policy, build_rows, decide
+from compress.measure import Measurement
 
 
 def batches(p50: float, p95: float, throughput: float, sizes=(1, 8, 32)) -> list[dict]:
@@ -23,6 +24,7 @@ def batches(p50: float, p95: float, throughput: float, sizes=(1, 8, 32)) -> list
 
 
 def measurement(predictions, labels, p50=5.0, p95=6.0, throughput=200.0, size_mb=100.0, **extra) -> dict:
+    """A worker's result as its JSON object (tests edit it as such); `typed` makes it a Measurement."""
     predictions = np.asarray(predictions)
     acc = float((predictions == labels).mean() * 100)
     return {
@@ -42,13 +44,18 @@ def flip(labels: np.ndarray, n_wrong: int, seed: int = 0) -> np.ndarray:
     return pred
 
 
-def recipe_dict(**budget) -> dict:
-    from compress.recipe import BudgetSpec
+def typed(results: dict) -> dict:
+    """{key: measurement JSON} -> {key: Measurement}."""
+    return {k: Measurement.model_validate(v) for k, v in results.items()}
 
-    b = BudgetSpec().model_dump()  # the recipe's defaults (baseline 'baseline', min_cost, cpu, ...)
-    b.update(budget)
-    return {"budget": b, "benchmark": {"prices": {"cpu": {"instance": "c6i.xlarge", "usd_per_hour": 0.17}},
-                                       "bootstrap_samples": 300, "batch_sizes": [1, 8, 32]}}
+
+def recipe_dict(**budget) -> Policy:
+    """The decision's view of a recipe: its budget (the recipe's defaults, baseline 'baseline',
+    min_cost, cpu, ..., with `budget` over them) and a benchmark block with a cpu price."""
+    b = {**Policy().budget.model_dump(), **budget}  # every key set: a report holds them all
+    return Policy.model_validate({"budget": b, "benchmark": {
+        "prices": {"cpu": {"instance": "c6i.xlarge", "usd_per_hour": 0.17}},
+        "bootstrap_samples": 300, "batch_sizes": [1, 8, 32]}})
 
 
 def variants(*ids: str) -> list[dict]:
@@ -56,22 +63,24 @@ def variants(*ids: str) -> list[dict]:
              "source": None if i == "baseline" else "baseline", "fingerprint": "f" * 16} for i in ids]
 
 
-def make_report(results: dict[str, dict], labels: np.ndarray, recipe: dict | None = None,
+def make_report(results: dict[str, dict], labels: np.ndarray, recipe: Policy | None = None,
                 cpu_model: str = "Test CPU", name: str = "synthetic") -> dict:
-    """A report.json-shaped dict from {variant id: measurement} on the cpu."""
-    recipe = copy.deepcopy(recipe or recipe_dict())
-    res = {(vid, "cpu"): copy.deepcopy(r) for vid, r in results.items()}
+    """report.json's object (schema 1: no task block) from {variant id: measurement} on the cpu."""
+    from compress.report import Report
+
+    recipe = recipe or recipe_dict()
+    res = typed({(vid, "cpu"): copy.deepcopy(r) for vid, r in results.items()})
     rows = build_rows(variants(*results), res, labels, recipe)
     decision = decide(rows, recipe, ["cpu"])
-    return {
-        "schema_version": 1, "recipe": name, "run_dir": "", "devices": ["cpu"], "budget": recipe["budget"],
-        "decision": decision, "rows": rows, "stages": {}, "notes": [],
+    return Report.model_validate({
+        "schema_version": 1, "recipe": name, "run_dir": "", "devices": ["cpu"], "budget": recipe.budget.model_dump(),
+        "decision": decision.dump(), "rows": [r.dump() for r in rows], "stages": {}, "notes": [],
         "manifest": {
-            "recipe": {"benchmark": recipe["benchmark"]}, "versions": {"compress": "0", "torch": "0"},
+            "recipe": {"benchmark": recipe.benchmark.model_dump(mode="json")}, "versions": {"compress": "0", "torch": "0"},
             "hardware": {"cpu": {"model": cpu_model}}, "threads": 1, "seeds": {},
             "data": {"eval_examples": len(labels), "eval_fingerprint": "e" * 64},
         },
-    }
+    }).dump()
 
 
 def write_run(folder: Path, report: dict, results: dict[str, dict], labels: np.ndarray) -> Path:

@@ -34,8 +34,8 @@ def test_latency_is_the_median_of_repeated_passes(tiny_classifier, tmp_path, mon
         monkeypatch.setattr("compress.formats.load_predictor",
                             lambda *a, **k: Slowed(load_predictor(*a, **k), slow_calls=warmup + n))
         result = bench_worker.measure({**spec, "latency_repeats": repeats})
-        assert result["ok"] and result["latency_ms"]["n"] == n
-        assert (result["latency_ms"]["p50"] > 30) is slowed
+        assert result.ok and result.latency_ms.n == n
+        assert (result.latency_ms.p50 > 30) is slowed
 
 
 def test_every_full_pass_reports_its_own_accuracy(tiny_classifier, tmp_path):
@@ -45,22 +45,29 @@ def test_every_full_pass_reports_its_own_accuracy(tiny_classifier, tmp_path):
     spec = {"format": "hf", "path": str(tiny_classifier), "device": "cpu", "threads": 1, "batch_sizes": [1, 4, 6],
             "max_length": 32, "warmup": 1, "max_latency_examples": 5, "eval_file": str(eval_file)}
     result = bench_worker.measure(spec)
-    by_size = {b["batch_size"]: b for b in result["batches"]}
+    by_size = {b.batch_size: b for b in result.batches}
     # The headline is batch 1 over every sentence (5 timed, 7 more untimed), scored one by one.
-    assert result["latency_ms"]["n"] == 5 and len(result["predictions"]) == 12
-    assert by_size[1]["accuracy"] == result["accuracy"]
+    assert result.latency_ms.n == 5 and len(result.predictions) == 12
+    assert by_size[1].quality == result.quality
     labels = [i % 2 for i in range(12)]
-    assert result["accuracy"] == 100 * sum(p == y for p, y in zip(result["predictions"], labels)) / 12
+    assert result.quality == 100 * sum(p == y for p, y in zip(result.predictions, labels)) / 12
     from compress.formats import load_predictor
 
     pred = load_predictor("hf", tiny_classifier, "cpu", 1, {})
     texts = [json.loads(line)["text"] for line in eval_file.read_text().splitlines()]
     alone = [int(pred({k: np.asarray([v]) for k, v in pred.tokenizer(t, truncation=True, max_length=32).items()
                        if k in ("input_ids", "attention_mask", "token_type_ids")}).argmax(-1)[0]) for t in texts]
-    assert result["predictions"] == alone
-    assert all(0 <= by_size[b]["accuracy"] <= 100 for b in (4, 6))
+    assert result.predictions == alone
+    assert all(0 <= by_size[b].quality <= 100 for b in (4, 6))
     # Peak device memory is a GPU figure (torch's allocator); on the CPU there is none.
-    assert result["peak_memory_bytes"] is None and result["memory_bytes"] > 0
+    assert result.peak_memory_bytes is None and result.memory_bytes > 0
+    # What the worker writes is what the parent reads: the same record through its JSON.
+    from compress.measure import Measurement
+
+    again = Measurement.model_validate_json(result.dump_json())
+    assert again == result and again.dump() == result.dump()
+    assert set(result.dump()) >= {"accuracy", "macro_f1", "predictions", "latency_ms", "batches", "phase_seconds"}
+    assert "quality" not in result.dump() and "accuracy" in result.dump()["batches"][0]
 
 
 def test_a_later_round_times_the_selection_only(tiny_classifier, tmp_path):
@@ -70,8 +77,8 @@ def test_a_later_round_times_the_selection_only(tiny_classifier, tmp_path):
             "max_length": 32, "warmup": 1, "max_latency_examples": 6, "eval_file": str(eval_file)}
     full = bench_worker.measure(spec)
     later = bench_worker.measure({**spec, "latency_only": True})
-    assert len(full["sentence_ms"]) == 6 and set(later) == {"ok", "sentence_ms", "phase_seconds"} and len(later["sentence_ms"]) == 6
-    assert all(t > 0 for t in later["sentence_ms"])
+    assert len(full.sentence_ms) == 6 and set(later.dump()) == {"ok", "sentence_ms", "phase_seconds"}
+    assert len(later.sentence_ms) == 6 and all(t > 0 for t in later.sentence_ms)
 
 
 def test_a_paired_round_times_both_models_alternately_each_with_its_own_tokenizer(tiny_classifier, tmp_path,
@@ -112,8 +119,8 @@ def test_a_paired_round_times_both_models_alternately_each_with_its_own_tokenize
             "max_length": 32, "warmup": 2, "max_latency_examples": n, "eval_file": str(eval_file),
             "latency_only": True, "pair": {"format": "hf", "path": str(ref), "options": {}}}
     result = bench_worker.measure_paired(spec)
-    assert set(result) == {"ok", "sentence_ms", "pair_sentence_ms", "phase_seconds"}
-    assert len(result["sentence_ms"]) == len(result["pair_sentence_ms"]) == n
+    assert set(result.dump()) == {"ok", "sentence_ms", "pair_sentence_ms", "phase_seconds"}
+    assert len(result.sentence_ms) == len(result.pair_sentence_ms) == n
     timed = order[4:]  # after two warm-up calls each
     b = bench_worker.PAIR_BLOCK
     assert timed == ["var"] * b + ["ref"] * b + ["ref"] * b + ["var"] * b + ["var"] * 5 + ["ref"] * 5  # ABBA
@@ -134,15 +141,18 @@ def test_warm_up_runs_every_shape_once():
         def sync(self):
             pass
 
+    from compress.tasks import get_task
+
+    task = get_task("sequence-classification")
     batches = [{"input_ids": np.zeros((1, n), dtype=np.int64)} for n in (5, 3, 9, 4, 3, 9, 5)]
     pred = Pred()
-    bench_worker._warm_up(pred, batches, 2)
+    bench_worker._warm_up(task, pred, batches, 2)
     assert pred.seen == [(1, 5), (1, 3), (1, 9), (1, 4)]
     pred = Pred()
-    bench_worker._warm_up(pred, batches[2:], 0)  # at least one call, then each new shape once
+    bench_worker._warm_up(task, pred, batches[2:], 0)  # at least one call, then each new shape once
     assert pred.seen == [(1, 9), (1, 4), (1, 3), (1, 5)]
     pred = Pred()
-    bench_worker._warm_up(pred, batches[:3], 10)  # n beyond the list: each batch once
+    bench_worker._warm_up(task, pred, batches[:3], 10)  # n beyond the list: each batch once
     assert pred.seen == [(1, 5), (1, 3), (1, 9)]
 
 

@@ -45,7 +45,7 @@ def test_identical_runs_have_no_regression(tmp_path, cli):
     cmp = compare(a, b)
     assert cmp["regressions"] == 0
     r = row(cmp, "int8")
-    assert r["accuracy"]["method"] == "paired bootstrap" and r["accuracy"]["ci95"] == [0.0, 0.0]
+    assert r["quality"]["method"] == "paired bootstrap" and r["quality"]["ci95"] == [0.0, 0.0]
     code, out, err = cli("compare", a, b, "--fail-on-regression")
     assert code == 0, err
 
@@ -55,7 +55,7 @@ def test_accuracy_drop_beyond_the_interval_is_flagged(tmp_path, cli):
     a, b = runs(tmp_path, results(int8=worse))
     cmp = compare(a, b)
     r = row(cmp, "int8")
-    assert r["accuracy"]["change"] < -8 and r["accuracy"]["ci95"][1] < 0
+    assert r["quality"]["change"] < -8 and r["quality"]["ci95"][1] < 0
     assert any(x.startswith("accuracy") for x in r["regressions"])
     code, out, _ = cli("compare", a, b)
     assert code == 0  # flagged, but only --fail-on-regression fails
@@ -77,7 +77,7 @@ def test_unpaired_interval_without_predictions(tmp_path):
         for f in (d / "bench").glob("*.cpu.json"):
             f.unlink()
     r = row(compare(a, b), "int8")
-    assert r["accuracy"]["method"] == "unpaired normal approximation"
+    assert r["quality"]["method"] == "unpaired normal approximation"
     assert r["regressions"]
 
 

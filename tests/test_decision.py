@@ -1,18 +1,19 @@
 import numpy as np
 import pytest
 
-from compress.decision import budget_checks, build_rows, decide, operating_point, paired_bootstrap, usd_per_1k
+from compress.decision import Row, budget_checks, build_rows, decide, operating_point, paired_bootstrap, usd_per_1k
 from compress.errors import EXIT_BUDGET, EXIT_OK
-from tests.synthetic_report import batches, flip, make_report, measurement, recipe_dict, variants
+from compress.measure import BatchFigures
+from tests.synthetic_report import batches, flip, make_report, measurement, recipe_dict, typed, variants
 
 LABELS = np.array([0, 1] * 200)  # 400 eval examples
 
 
 def curve():
     return [
-        {"batch_size": 1, "throughput": 200.0, "p95_ms": 6.0, "p50_ms": 5.0},
-        {"batch_size": 8, "throughput": 900.0, "p95_ms": 12.0, "p50_ms": 9.0},
-        {"batch_size": 32, "throughput": 1500.0, "p95_ms": 40.0, "p50_ms": 30.0},
+        BatchFigures(batch_size=1, throughput=200.0, p95_ms=6.0, p50_ms=5.0),
+        BatchFigures(batch_size=8, throughput=900.0, p95_ms=12.0, p50_ms=9.0),
+        BatchFigures(batch_size=32, throughput=1500.0, p95_ms=40.0, p50_ms=30.0),
     ]
 
 
@@ -20,21 +21,21 @@ def curve():
 
 
 def test_operating_point_without_slo_is_best_throughput():
-    assert operating_point(curve(), None)["batch_size"] == 32
+    assert operating_point(curve(), None).batch_size == 32
 
 
 def test_operating_point_is_the_cheapest_batch_within_the_slo():
-    assert operating_point(curve(), 15.0)["batch_size"] == 8
-    assert operating_point(curve(), 12.0)["batch_size"] == 8  # the SLO is inclusive
-    assert operating_point(curve(), 6.0)["batch_size"] == 1
+    assert operating_point(curve(), 15.0).batch_size == 8
+    assert operating_point(curve(), 12.0).batch_size == 8  # the SLO is inclusive
+    assert operating_point(curve(), 6.0).batch_size == 1
     assert operating_point(curve(), 5.0) is None
 
 
 def test_operating_point_tie_goes_to_the_smaller_batch_and_skips_unmeasured():
     c = curve()
-    c[2]["throughput"] = 900.0
-    assert operating_point(c, None)["batch_size"] == 8
-    assert operating_point([{"batch_size": 1, "throughput": 0.0, "p95_ms": 1.0}], None) is None
+    c[2].throughput = 900.0
+    assert operating_point(c, None).batch_size == 8
+    assert operating_point([BatchFigures(batch_size=1, throughput=0.0, p95_ms=1.0)], None) is None
 
 
 def test_usd_per_1k():
@@ -47,14 +48,14 @@ def test_usd_per_1k():
 
 def test_cost_uses_the_operating_point_under_the_slo():
     recipe = recipe_dict(latency_p95_ms=25.0)
-    res = {(v, "cpu"): measurement(LABELS, LABELS) for v in ("baseline", "q")}
+    res = typed({(v, "cpu"): measurement(LABELS, LABELS) for v in ("baseline", "q")})
     rows = build_rows(variants("baseline", "q"), res, LABELS, recipe)
-    q = next(r for r in rows if r["id"] == "q")
+    q = next(r for r in rows if r.id == "q")
     # batches(): b8 has p95 6 * 8**0.6 = 20.9 ms (within 25), b32 48 ms (not)
-    assert q["operating_point"]["batch_size"] == 8
-    assert q["usd_per_1k"] == pytest.approx(usd_per_1k(0.17, q["operating_point"]["throughput"]))
+    assert q.operating_point.batch_size == 8
+    assert q.usd_per_1k == pytest.approx(usd_per_1k(0.17, q.operating_point.throughput))
     rows = build_rows(variants("baseline", "q"), res, LABELS, recipe_dict())
-    assert next(r for r in rows if r["id"] == "q")["operating_point"]["batch_size"] == 32
+    assert next(r for r in rows if r.id == "q").operating_point.batch_size == 32
 
 
 # ------------------------------------------------------------------ paired bootstrap
@@ -175,33 +176,35 @@ def test_budget_device_not_benchmarked_decides_on_cpu():
 
 def test_missing_baseline_on_the_device_is_a_reason_not_a_crash():
     recipe = recipe_dict()
-    res = {("baseline", "cpu"): {"ok": False, "error": "boom"}, ("q", "cpu"): measurement(LABELS, LABELS)}
+    res = typed({("baseline", "cpu"): {"ok": False, "error": "boom"}, ("q", "cpu"): measurement(LABELS, LABELS)})
     rows = build_rows(variants("baseline", "q"), res, LABELS, recipe)
     d = decide(rows, recipe, ["cpu"])
-    assert d["selected"] is None
-    q = next(r for r in rows if r["id"] == "q")
-    assert "baseline was not measured" in q["reasons"][0]
+    assert d.selected is None
+    q = next(r for r in rows if r.id == "q")
+    assert "baseline was not measured" in q.reasons[0]
 
 
 def test_no_price_is_a_reason_under_min_cost():
     recipe = recipe_dict()
-    recipe["benchmark"]["prices"] = {}
-    res = {(v, "cpu"): measurement(LABELS, LABELS) for v in ("baseline", "q")}
+    recipe.benchmark.prices = {}
+    res = typed({(v, "cpu"): measurement(LABELS, LABELS) for v in ("baseline", "q")})
     rows = build_rows(variants("baseline", "q"), res, LABELS, recipe)
     d = decide(rows, recipe, ["cpu"])
-    assert d["selected"] is None and "no usd_per_1k figure" in rows[1]["reasons"][0]
+    assert d.selected is None and "no usd_per_1k figure" in rows[1].reasons[0]
 
 
 def test_budget_checks_report_skipped_limits_and_passes():
     _, rows = run_decide(three_variants())
     checks = {c["name"]: c["status"] for c in rows["cheap"]["checks"]}
     assert checks == {"accuracy budget": "pass", "latency SLO": "skipped", "size limit": "skipped"}
-    budget = recipe_dict(latency_p95_ms=9.5, max_size_mb=250.0)["budget"]
+    budget = recipe_dict(latency_p95_ms=9.5, max_size_mb=250.0).budget
     _, rows = run_decide(three_variants(), latency_p95_ms=9.5, max_size_mb=250.0)
-    checks = {c["name"]: c["status"] for c in budget_checks(rows["fast"], budget)}
+    fast = Row.model_validate(rows["fast"])
+    checks = {c.name: c.status for c in budget_checks(fast, budget)}
     assert checks == {"accuracy budget": "pass", "latency SLO": "pass", "size limit": "fail"}
-    assert rows["fast"]["checks"] == budget_checks(rows["fast"], budget)
-    assert {c["status"] for c in budget_checks({"ok": False, "error": "x", "device": "cpu"}, budget)} == {"error"}
+    assert rows["fast"]["checks"] == [c.dump() for c in budget_checks(fast, budget)]
+    failed = Row(id="x", format="hf", ok=False, error="x", device="cpu")
+    assert {c.status for c in budget_checks(failed, budget)} == {"error"}
 
 
 def test_routed_share_reaches_the_row():
@@ -222,7 +225,8 @@ def test_a_cascade_row_compares_itself_with_both_members():
             r.pop("routed_share")
     meta = variants("baseline", "small", "casc")
     meta[2]["source"], meta[2]["refs"] = "small", {"large": "baseline"}
-    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe_dict())}
+    typed_rows = build_rows(meta, typed(res), LABELS, recipe_dict())
+    rows = {r.id: r.dump() for r in typed_rows}
     casc = rows["casc"]
     assert casc["members"]["small"] == {"id": "small", "accuracy": rows["small"]["accuracy"],
                                         "usd_per_1k": rows["small"]["usd_per_1k"]}
@@ -231,7 +235,9 @@ def test_a_cascade_row_compares_itself_with_both_members():
     assert note.startswith("30% of the eval inputs") and f"{casc['accuracy']:.2f} against" in note
     assert f"({casc['usd_per_1k'] / rows['baseline']['usd_per_1k']:.2f}x the large member's)" in note
     assert "members" not in rows["small"]
-    compare_members([{**casc, "refs": {"large": "gone"}, "notes": []}])  # a member without a row: no error
+    lone = typed_rows[2].model_copy(update={"refs": {"large": "gone"}, "notes": []})
+    compare_members([lone])  # a member without a row: no error
+    assert lone.members == {"small": None, "large": None} and lone.notes[0].endswith("went on to 'gone'")
 
 
 def test_batches_helper_is_a_monotone_curve():
@@ -264,14 +270,14 @@ def test_paired_rounds_give_the_speedups_and_the_input_ratio_is_their_quotient()
         ("pruned", "cpu"): measurement(LABELS, LABELS, p50=3.0, paired_speedup={"reference": "baseline", "speedup": 3.8}),
         ("lone", "cpu"): measurement(LABELS, LABELS, p50=4.0),  # no paired rounds: separate p50s
     }
-    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe)}
+    rows = {r.id: r.dump() for r in build_rows(meta, typed(res), LABELS, recipe)}
     assert rows["student"]["speedup_vs_baseline"] == pytest.approx(1.9) and rows["student"]["paired_vs_baseline"]
     assert rows["student"]["speedup_vs_input"] == pytest.approx(1.9) and rows["student"]["paired_vs_input"]
     assert rows["pruned"]["speedup_vs_input"] == pytest.approx(2.0)  # (10/pruned) / (10/student)
     assert rows["lone"]["speedup_vs_baseline"] == pytest.approx(2.5) and "paired_vs_baseline" not in rows["lone"]
     # A pairing with some other reference (the budget's baseline changed) is not used.
     res[("student", "cpu")]["paired_speedup"]["reference"] = "other"
-    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe)}
+    rows = {r.id: r.dump() for r in build_rows(meta, typed(res), LABELS, recipe)}
     assert rows["student"]["speedup_vs_baseline"] == pytest.approx(10 / 6)
     assert rows["pruned"]["speedup_vs_input"] == pytest.approx(2.0) and "paired_vs_input" not in rows["pruned"]
 
@@ -371,16 +377,16 @@ def test_too_few_eval_sentences_deploy_nothing_unless_the_minimum_is_lowered():
     labels = np.array([1])
     res = {("baseline", "cpu"): measurement(labels, labels), ("int8", "cpu"): measurement(labels, labels, size_mb=25)}
     recipe = recipe_dict()
-    rows = build_rows(variants("baseline", "int8"), copy.deepcopy(res), labels, recipe)
+    rows = build_rows(variants("baseline", "int8"), typed(copy.deepcopy(res)), labels, recipe)
     d = decide(rows, recipe, ["cpu"], eval_examples=1)
-    assert d["selected"] is None and d["exit_code"] == 3 and d["too_few_eval_examples"]
-    assert any("evidence is too thin" in n and "1 sentence," in n for n in d["notes"])
-    assert next(r for r in rows if r["id"] == "int8")["verdict"] == "within budget"
+    assert d.selected is None and d.exit_code == 3 and d.too_few_eval_examples
+    assert any("evidence is too thin" in n and "1 sentence," in n for n in d.notes)
+    assert next(r for r in rows if r.id == "int8").verdict == "within budget"
 
     lowered = recipe_dict(min_eval_examples=0)
-    rows = build_rows(variants("baseline", "int8"), copy.deepcopy(res), labels, lowered)
+    rows = build_rows(variants("baseline", "int8"), typed(copy.deepcopy(res)), labels, lowered)
     d = decide(rows, lowered, ["cpu"], eval_examples=1)
-    assert d["selected"] == "int8" and d["exit_code"] == 0
+    assert d.selected == "int8" and d.exit_code == 0
 
 
 def test_the_default_minimum_eval_size_is_fifty():
@@ -395,17 +401,17 @@ def test_a_student_that_is_not_smaller_is_flagged_in_its_row_and_in_the_decision
            "student": measurement(LABELS, LABELS, p50=5, throughput=200, size_mb=40)}
     meta = variants("baseline", "student")
     meta[1]["not_smaller"] = "ALBERT shares one set of layer weights across its passes"
-    rows = {r["id"]: r for r in build_rows(meta, {(k, "cpu"): v for k, v in res.items()}, LABELS, recipe_dict())}
-    [note] = [n for n in rows["student"]["notes"] if n.startswith("not smaller")]
+    rows = {r.id: r for r in build_rows(meta, typed({(k, "cpu"): v for k, v in res.items()}), LABELS, recipe_dict())}
+    [note] = [n for n in rows["student"].notes if n.startswith("not smaller")]
     assert "'baseline'" in note and "ALBERT shares" in note
-    assert not any(n.startswith("not smaller") for n in rows["baseline"]["notes"])
+    assert not any(n.startswith("not smaller") for n in rows["baseline"].notes)
     decision = decide(list(rows.values()), recipe_dict(), ["cpu"])
-    assert decision["selected"] == "student"
-    assert any("'student' is deployed, but it is not smaller" in n for n in decision["notes"])
+    assert decision.selected == "student"
+    assert any("'student' is deployed, but it is not smaller" in n for n in decision.notes)
     # Without the stage's word, no such note: the check above can fail.
     meta[1]["not_smaller"] = None
-    rows = build_rows(meta, {(k, "cpu"): v for k, v in res.items()}, LABELS, recipe_dict())
-    assert not any("not smaller" in n for n in decide(rows, recipe_dict(), ["cpu"])["notes"])
+    rows = build_rows(meta, typed({(k, "cpu"): v for k, v in res.items()}), LABELS, recipe_dict())
+    assert not any("not smaller" in n for n in decide(rows, recipe_dict(), ["cpu"]).notes)
 
 
 # ------------------------------------------------------------------ runtimes side by side
@@ -434,7 +440,7 @@ def test_openvino_rows_are_compared_with_their_onnxruntime_siblings():
                                             paired_speedup={"reference": "baseline", "speedup": 2.0, "rounds": [2.0, 1.6]})
     res[("ov_int8", "cpu")] = measurement(flip(LABELS, 4), LABELS, p50=4.0, throughput=300.0,
                                           paired_speedup={"reference": "baseline", "speedup": 2.5, "rounds": [2.4, 2.4]})
-    rows = {r["id"]: r for r in build_rows(meta, res, LABELS, recipe_dict())}
+    rows = {r.id: r.dump() for r in build_rows(meta, typed(res), LABELS, recipe_dict())}
     assert rows["ov"]["runtime"] == "openvino" and rows["onnx"]["runtime"] == "onnxruntime"
     assert rows["baseline"]["runtime"] == "torch"
     sib = lambda vid: [e["id"] for e in rows[vid].get("vs_runtime", [])]  # noqa: E731
@@ -459,13 +465,39 @@ def test_openvino_rows_are_compared_with_their_onnxruntime_siblings():
 
 
 def test_the_table_names_the_runtime_of_every_row():
-    from compress.report import table_rows
+    from compress.report_json import table_rows
 
     meta = _runtime_variants()[:5]
-    res = {(m["id"], "cpu"): measurement(LABELS, LABELS) for m in meta}
-    report = make_report({}, LABELS)
-    report["rows"] = build_rows(meta, res, LABELS, recipe_dict())
-    decide(report["rows"], recipe_dict(), ["cpu"])
+    from compress.report_json import Report
+
+    res = typed({(m["id"], "cpu"): measurement(LABELS, LABELS) for m in meta})
+    report = Report.model_validate(make_report({}, LABELS))
+    report.rows = build_rows(meta, res, LABELS, recipe_dict())
+    decide(report.rows, recipe_dict(), ["cpu"])
     cells = {row[0]: row[1] for row in table_rows(report)}
     assert cells == {"baseline": "hf (torch)", "onnx": "onnx (onnxruntime)", "onnx_int8": "onnx (onnxruntime)",
                      "ov": "openvino", "ov_int8": "openvino"}
+
+
+def test_one_quality_gate_for_the_budget_checks_and_compress_gate():
+    """quality_check is the gate the decision's budget checks use and `compress gate` runs:
+    the drop on the point estimate, or on the losing end of the interval with ci_lower."""
+    from compress.decision import quality_check
+    from compress.tasks import Metric, get_task
+
+    acc = get_task().metric
+    row = Row(id="q", format="hf", device="cpu", ok=True, delta=-0.75, delta_ci95=(-1.6, 0.1))
+    assert quality_check(row, 1.0, "point", acc).status == "pass"
+    check = quality_check(row, 1.0, "ci_lower", acc)
+    assert check.status == "fail" and check.message == (
+        "lower 95% bound of the accuracy delta 1.60 points exceeds the budget of 1.00")
+    assert quality_check(row, 1.6, "ci_lower", acc).status == "pass"  # the limit is inclusive
+    assert quality_check(Row(id="q", format="hf", device="cpu", ok=True), 1.0, "point", acc).message == (
+        "no accuracy delta: the baseline was not measured on cpu")
+    # A metric where lower is better (perplexity): a positive delta is the drop.
+    ppl = Metric(name="perplexity", direction="lower", delta_unit="")
+    worse = Row(id="q", format="hf", device="cpu", ok=True, delta=0.5, delta_ci95=(0.2, 1.4))
+    assert quality_check(worse, 1.0, "point", ppl).status == "pass"
+    assert quality_check(worse, 1.0, "ci_lower", ppl).message.startswith("upper 95% bound of the perplexity delta 1.40")
+    budget = recipe_dict(max_accuracy_drop=1.0, gate_on="ci_lower").budget
+    assert budget_checks(row, budget)[0] == check

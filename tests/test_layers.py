@@ -30,27 +30,16 @@ LAYERS: dict[int, tuple[str, ...]] = {
     # stages
     4: ("compress.stages", "compress.stages.*"),
     # benchmark
-    5: ("compress.benchmark", "compress.bench_worker", "compress.distributed"),
+    5: ("compress.measure", "compress.benchmark", "compress.bench_worker", "compress.distributed"),
     # decision
     6: ("compress.decision",),
     # reports
-    7: ("compress.report", "compress.html_report", "compress.junit", "compress.model_card", "compress.compare"),
+    7: ("compress.report_json", "compress.report", "compress.html_report", "compress.junit", "compress.model_card", "compress.compare"),
     # runner
-    8: ("compress.plan", "compress.runner", "compress.init"),
+    8: ("compress.plan", "compress.evaluate", "compress.runner", "compress.init"),
     # command line
     9: ("compress.cli", "compress.__main__"),
 }
-
-# Edges in modules owned by other helpers of issue 22, which they are removing in their
-# own branches; the coordinator empties this set when the branches are merged. Each entry
-# is (importer, imported). An entry whose edge no longer exists fails the test, so the set
-# cannot outlive its reason.
-PENDING_OTHER_HELPERS: set[tuple[str, str]] = {
-    # report <-> html_report import each other (helper R's modules).
-    ("compress.html_report", "compress.report"),
-    ("compress.report", "compress.html_report"),
-}
-
 
 def layer_of(module: str) -> int | None:
     """The module's layer by LAYERS: an exact name first, then the nearest package prefix
@@ -188,14 +177,8 @@ def problems(graph: dict[str, set[str]], allowed: set[tuple[str, str]] = frozens
 
 
 def test_compress_reads_bottom_up_without_circles():
-    found = problems(import_graph(), PENDING_OTHER_HELPERS)
+    found = problems(import_graph())
     assert not found, "\n".join(found)
-
-
-def test_pending_edges_still_exist():
-    graph = import_graph()
-    stale = sorted(edge for edge in PENDING_OTHER_HELPERS if edge[1] not in graph.get(edge[0], set()))
-    assert not stale, f"no longer imported, remove from PENDING_OTHER_HELPERS: {stale}"
 
 
 def test_the_check_finds_an_upward_edge_a_circle_and_an_unplaced_module():

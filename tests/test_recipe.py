@@ -216,3 +216,27 @@ def test_a_head_used_as_is_with_another_label_count_fails_validation(tiny_classi
     raw = tiny_recipe(tiny_classifier, tiny_data)
     raw["data"]["num_labels"] = 3
     validate_recipe(raw)
+
+
+def test_the_task_key_defaults_to_sequence_classification_and_names_what_is_valid(base):
+    assert validate_recipe(base).task == "sequence-classification"
+    assert validate_recipe(base).resolved()["task"] == "sequence-classification"
+    base["task"] = "causal-lm"
+    e = error_of(base)
+    assert e.key == "task" and "sequence-classification" in e.message
+
+
+def test_a_stage_kind_that_does_not_take_the_recipes_task_is_refused(base, monkeypatch):
+    """Every stage kind names the tasks it takes (StageKind.tasks): a recipe whose task a
+    stage does not take is one line naming stages[i].uses and the `task` key."""
+    import dataclasses
+
+    from compress.stages import STAGES
+
+    assert all(kind.tasks == ("sequence-classification",) for kind in STAGES.values())
+    other = dataclasses.replace(STAGES["quantize_dynamic"], tasks=("causal-lm",))
+    monkeypatch.setitem(STAGES, "quantize_dynamic", other)
+    e = error_of(base)
+    assert e.key == "stages[1].uses"
+    assert "quantize_dynamic does not take task 'sequence-classification'" in e.message and "`task`" in e.message
+    assert "\n" not in str(e)

@@ -112,12 +112,13 @@ def test_model_card_neutralises_text_from_data_and_errors():
     from compress.model_card import card
 
     hostile = "<script>alert(1)</script>\n---\nbase_model: evil | x"
-    report = {
+    report = {  # report.json's object, as small as the records allow
+        "schema_version": 1, "recipe": "r", "devices": ["cpu"],
         "manifest": {"recipe": {"model": {"source": "org/model"}, "data": {"dataset": "../d", "eval_split": "dev"},
                                 "stages": [{"id": "v", "uses": "finetune", "from": "model", "with": {"lr": hostile}}]},
                      "data": {"eval_examples": 3}, "threads": 1, "versions": {}, "started": "now",
                      "hardware": {"cpu": {"model": hostile, "arch": "x", "cores": 2}}},
-        "decision": {"selected": None, "device": "cpu"}, "budget": {"baseline": "v"},
+        "decision": {"selected": None, "device": "cpu", "objective": "min_cost"}, "budget": {"baseline": "v"},
         "rows": [{"id": "v", "format": "hf", "device": "cpu", "ok": False, "error": hostile, "notes": [hostile]}],
     }
     text = card(report, "v")

@@ -102,5 +102,5 @@ def test_worker_reports_peak_gpu_memory(tiny_classifier, tmp_path):
     result = bench_worker.measure({"format": "hf", "path": str(tiny_classifier), "device": "cuda", "threads": 1,
                                    "batch_sizes": [1, 4], "max_length": 32, "warmup": 1, "max_latency_examples": 4,
                                    "eval_file": str(eval_file)})
-    assert result["ok"] and result["effective_device"] == "cuda"
-    assert result["peak_memory_bytes"] >= result["memory_bytes"] > 0  # weights plus activations
+    assert result.ok and result.effective_device == "cuda"
+    assert result.peak_memory_bytes >= result.memory_bytes > 0  # weights plus activations

@@ -274,7 +274,8 @@ def test_members_with_different_tokenizers_each_read_the_text_with_their_own(tmp
 
 
 def test_bench_worker_gives_a_text_taking_predictor_the_texts():
-    from compress.bench_worker import _encode, _pad
+    from compress.tasks.classification import encode as _encode
+    from compress.tasks.classification import pad as _pad
 
     class P:
         tokenizer = Tok({"a": 1, "b": 2})

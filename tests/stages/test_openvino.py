@@ -159,16 +159,16 @@ def test_benchmark_worker_measures_an_openvino_variant(ov_dir, tiny_classifier, 
     spec = {"format": "openvino", "path": str(ov_dir), "device": "cpu", "threads": 1, "batch_sizes": [1, 4],
             "max_length": 32, "warmup": 1, "max_latency_examples": 6, "eval_file": str(eval_file)}
     result = bench_worker.measure(spec)
-    assert result["ok"] and len(result["predictions"]) == 10 and result["latency_ms"]["n"] == 6
-    assert {b["batch_size"] for b in result["batches"]} == {1, 4}
-    assert any("LATENCY hint, 1 threads" in n for n in result["notes"])
-    assert result["params"] > 0 and result["size_bytes"] > 0
+    assert result.ok and len(result.predictions) == 10 and result.latency_ms.n == 6
+    assert {b.batch_size for b in result.batches} == {1, 4}
+    assert any("LATENCY hint, 1 threads" in n for n in result.notes)
+    assert result.params > 0 and result.size_bytes > 0
     # The same labels as the ONNX graph it came from, sentence by sentence.
     onnx = bench_worker.measure({**spec, "format": "onnx", "path": str(ov_dir.parent / "onnx")})
-    assert result["predictions"] == onnx["predictions"]
+    assert result.predictions == onnx.predictions
     paired = bench_worker.measure_paired({**spec, "latency_only": True,
                                           "pair": {"format": "hf", "path": str(tiny_classifier), "options": {}}})
-    assert paired["ok"] and len(paired["sentence_ms"]) == len(paired["pair_sentence_ms"]) == 6
+    assert paired.ok and len(paired.sentence_ms) == len(paired.pair_sentence_ms) == 6
 
 
 def test_export_from_a_fused_onnx_graph(onnx_dir, tiny_classifier, tiny_data, tmp_path):

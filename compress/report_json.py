@@ -1,0 +1,176 @@
+"""report.json as typed records, and the variant table every rendering of it shares.
+
+`Report` is report.json (rows and the decision are compress/decision.py's records), written
+by alias and without the fields never set, so its keys are the public format's (README.md,
+"Outputs"); `read_report` reads one back through the same records, and a file of another
+shape is a one-line error. The renderers (compress/report.py, html_report.py, junit.py,
+model_card.py, compare.py) import from here, so none of them imports another.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from compress.decision import Decision, Row
+from compress.recipe import BudgetSpec
+from compress.tasks import DEFAULT_TASK, Metric, TaskInfo, get_task
+
+REPORT_JSON = "report.json"
+# 1: the first format. 2: adds the top-level `task` block (the task and its metric); a
+# report without it is a sequence-classification report.
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = (1, 2)
+
+
+class Manifest(BaseModel):
+    """What a run was made of (manifest.json holds the same)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe_file: str | None = None
+    recipe: dict[str, Any] = {}
+    versions: dict[str, Any]
+    hardware: dict[str, Any]
+    threads: int
+    benchmark_method: int | None = None
+    seeds: dict[str, Any] = {}
+    data: dict[str, Any]
+    model: dict[str, Any] | None = None
+    started: str | None = None
+    seconds: float | None = None
+
+
+class Report(BaseModel):
+    """report.json."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_version: int
+    task: TaskInfo | None = None  # schema 2 on; absent: sequence classification
+    recipe: str
+    run_dir: str = ""
+    devices: list[str]
+    budget: BudgetSpec
+    decision: Decision
+    rows: list[Row]
+    stages: dict[str, Any] = {}
+    notes: list[str] = []
+    manifest: Manifest
+    timing: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _measured(self):
+        for i, r in enumerate(self.rows):
+            if r.ok and (r.quality is None or r.size_mb is None or r.latency_ms is None or not r.throughput):
+                raise ValueError(f"rows[{i}]: a row marked ok lacks {self.metric.name}, size_mb, latency_ms or throughput")
+            if r.delta is not None and r.delta_ci95 is None:
+                raise ValueError(f"rows[{i}]: a row with a delta lacks delta_ci95")
+            if r.usd_per_1k is not None and r.operating_point is None:
+                raise ValueError(f"rows[{i}]: a row with usd_per_1k lacks operating_point.batch_size")
+        return self
+
+    @property
+    def task_info(self) -> TaskInfo:
+        return self.task if self.task is not None else get_task(DEFAULT_TASK).info()
+
+    @property
+    def metric(self) -> Metric:
+        return self.task_info.metric
+
+    def dump(self) -> dict[str, Any]:
+        """The report as report.json's object (python values, NaN and infinities still in)."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+def as_report(report: "Report | dict") -> Report:
+    """A report record from a report.json-shaped object (or the record itself)."""
+    return report if isinstance(report, Report) else Report.model_validate(report)
+
+def _num(v, fmt: str, dash: str = "-") -> str:
+    return dash if v is None else format(v, fmt)
+
+
+def delta_cell(r: Row) -> str:
+    if r.delta is None or r.delta_ci95 is None:
+        return "-"
+    lo, hi = r.delta_ci95
+    return f"{r.delta:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def cost_cell(r: Row) -> str:
+    if r.usd_per_1k is None or r.operating_point is None:
+        return "-"
+    return f"${r.usd_per_1k:.5f} @b{r.operating_point.batch_size}"
+
+
+def _format(r: Row) -> str:
+    """The format and, where the format's name does not say it, the runtime that ran it:
+    `onnx (onnxruntime)`, `hf (torch)`, `openvino`. (Reports from before rows named their
+    runtime show the format alone.)"""
+    return r.format if r.runtime in (None, r.format) else f"{r.format} ({r.runtime})"
+
+
+def table_rows(report: "Report | dict") -> list[list[str]]:
+    report = as_report(report)
+    out = []
+    for r in report.rows:
+        fmt = _format(r)
+        verdict = r.verdict or ""
+        if not r.ok:
+            out.append([r.id, fmt, r.device, "-", "-", "-", "-", "-", "-", "-", verdict])
+            continue
+        lat = r.latency_ms
+        tput = max(r.throughput.values())
+        out.append([
+            r.id, fmt, r.device, f"{r.quality:.2f}", delta_cell(r), f"{r.size_mb:.1f}",
+            f"{lat.p50:.2f} / {lat.p95:.2f} / {lat.p99:.2f}",
+            _num(r.speedup_vs_baseline, ".2f") + "x" if r.speedup_vs_baseline else "-",
+            f"{tput:,.0f}", cost_cell(r), verdict,
+        ])
+    return out
+
+
+def headers(report: Report) -> list[str]:
+    """The table's column headings: the quality columns are named after the task's metric."""
+    m, info = report.metric, report.task_info
+    delta = f"delta {'pts' if m.delta_unit == 'points' else m.delta_unit} [95% CI]".replace("  ", " ")
+    return ["variant", "format", "device", m.label or m.name, delta, "MB", "p50/p95/p99 ms",
+            "speed-up", info.throughput_unit, "$/1K", "verdict"]
+
+
+def read_report(path: Path) -> Report:
+    from compress.errors import CompressError
+
+    path = path / REPORT_JSON if path.is_dir() else path
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CompressError(f"{path}: no such report; run `compress run RECIPE` first")
+    except IsADirectoryError:
+        raise CompressError(f"{path}: is a folder, not a report.json")
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise CompressError(f"{path}: not a valid report.json")
+    except OSError as exc:
+        raise CompressError(f"{path}: cannot read it ({exc.strerror or exc.__class__.__name__})")
+    if not isinstance(report, dict) or report.get("schema_version") not in SCHEMA_VERSIONS or "rows" not in report:
+        raise CompressError(f"{path}: not a compress report (schema_version {' or '.join(map(str, SCHEMA_VERSIONS))})")
+    try:
+        return Report.model_validate(report)
+    except ValidationError as err:
+        raise CompressError(f"{path}: malformed report.json: {_first_problem(err)}; re-run `compress run` to write "
+                            f"it again") from err
+    except RecursionError as exc:
+        raise CompressError(f"{path}: malformed report.json: nested too deeply; re-run `compress run` to write "
+                            f"it again") from exc
+
+
+def _first_problem(err: ValidationError) -> str:
+    """The first problem pydantic found, as `where: what` on one line."""
+    e = err.errors()[0]
+    where = ".".join(str(p) for p in e["loc"])
+    msg = str(e["msg"]).removeprefix("Value error, ")
+    return f"{where}: {msg}"[:300] if where else msg[:300]

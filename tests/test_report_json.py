@@ -1,0 +1,83 @@
+"""report.json as typed records: written by alias without unset fields, read back through
+the same records, byte for byte; schema 1 (no task block) and 2 both read."""
+
+import json
+
+import numpy as np
+import pytest
+
+from compress.errors import CompressError
+from compress.measure import Measurement
+from compress.report import write_reports
+from compress.report_json import SCHEMA_VERSION, Report, read_report
+from tests.synthetic_report import flip, make_report, measurement
+
+LABELS = np.array([0, 1] * 50)
+
+
+@pytest.fixture(autouse=True)
+def _no_plots(monkeypatch):
+    monkeypatch.setattr("compress.html_report.render", lambda report: "<html></html>")
+
+
+def _report(**extra) -> dict:
+    res = {"baseline": measurement(LABELS, LABELS), "int8": measurement(flip(LABELS, 2), LABELS, size_mb=25),
+           "broken": {"ok": False, "error": "boom"}}
+    return {**make_report(res, LABELS), **extra}
+
+
+def test_a_measurement_goes_through_json_unchanged():
+    m = Measurement.model_validate(measurement(LABELS, LABELS, routed_share=0.2))
+    again = Measurement.model_validate_json(m.dump_json())
+    assert again == m and again.dump() == m.dump()
+    assert "accuracy" in m.dump() and "quality" not in m.dump() and m.quality == 100.0
+    assert "error" not in m.dump() and "paired_speedup" not in m.dump()  # never set: not written
+    failed = Measurement(ok=False, error="boom")
+    assert json.loads(failed.dump_json()) == {"ok": False, "error": "boom"}
+    with pytest.raises(ValueError):
+        Measurement.model_validate({**m.dump(), "acuracy": 1.0})  # a misspelt figure is refused, not ignored
+
+
+def test_report_json_reads_back_into_the_same_file(tmp_path):
+    write_reports(_report(), tmp_path)
+    first = (tmp_path / "report.json").read_text()
+    report = read_report(tmp_path)
+    assert isinstance(report, Report) and report.rows[1].quality == 98.0 and report.metric.name == "accuracy"
+    (tmp_path / "again").mkdir()
+    write_reports(report, tmp_path / "again")
+    assert (tmp_path / "again" / "report.json").read_text() == first
+    data = json.loads(first)
+    row = data["rows"][1]
+    assert "accuracy" in row and "quality" not in row and row["delta_ci95"] == list(row["delta_ci95"])
+    failed = data["rows"][2]
+    assert "accuracy" not in failed and failed["error"] == "boom"  # no figure keys on a failed row
+    assert data["schema_version"] == 1 and "task" not in data  # a schema 1 report stays one
+
+
+def test_schema_2_carries_the_task_and_older_schemas_are_sequence_classification(tmp_path):
+    from compress.tasks import get_task
+
+    assert SCHEMA_VERSION == 2
+    info = get_task().info().model_dump()
+    write_reports(_report(schema_version=2, task=info), tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["task"]["metric"] == {"name": "accuracy", "direction": "higher", "unit": "%", "label": "acc %",
+                                      "delta_unit": "points", "better": "more accurate", "best": "most accurate"}
+    assert list(data)[:2] == ["schema_version", "task"]
+    assert read_report(tmp_path).task_info.name == "sequence-classification"
+    assert Report.model_validate(_report()).task_info == get_task().info()
+
+
+@pytest.mark.parametrize("edit,problem", [
+    (lambda r: r["rows"][1].update(acuracy=1.0), "rows.1.acuracy: Extra inputs are not permitted"),
+    (lambda r: r["rows"][1].pop("accuracy"), "rows[1]: a row marked ok lacks accuracy"),
+    (lambda r: r["decision"].update(best_failed={"id": 3}), "decision.best_failed.id"),
+    (lambda r: r.update(schema_version=3), "not a compress report (schema_version 1 or 2)"),
+])
+def test_a_malformed_report_is_one_line(tmp_path, edit, problem):
+    report = _report()
+    edit(report)
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    with pytest.raises(CompressError) as exc:
+        read_report(tmp_path)
+    assert problem in str(exc.value) and "\n" not in str(exc.value)
