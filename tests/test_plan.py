@@ -90,8 +90,8 @@ def test_steps_carry_kind_inputs_refs_and_budget_keys():
     recipe = load_recipe(SHIPPED)
     plan = build_plan(recipe)
     cascade = plan.step("cascade")
-    assert cascade.kind.name == "cascade" and cascade.source == "small_int8"
-    assert dict(cascade.refs) == {"large": "onnx_int8"} and cascade.inputs == ("small_int8", "onnx_int8")
+    assert cascade.kind.name == "cascade" and cascade.source == "small_ov_int8"
+    assert dict(cascade.refs) == {"large": "onnx_int8"} and cascade.inputs == ("small_ov_int8", "onnx_int8")
     assert dict(cascade.budget) == {"max_accuracy_drop": 1.0}
     assert plan.step("baseline").reads_model and not plan.step("int8").reads_model
     assert dict(plan.step("onnx").budget) == {} and not plan.step("student").models

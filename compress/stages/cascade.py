@@ -18,7 +18,7 @@ from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from compress.registry import StageConfig, StageKind, StageResult
 
-MEMBER_FORMATS = ("hf", "torch_int8", "onnx", "bnb_4bit")
+MEMBER_FORMATS = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit")
 
 
 class Config(StageConfig):
