@@ -65,16 +65,10 @@ class Member(Record):
     usd_per_1k: float | None = None
 
 
-class Row(Record):
-    """One variant on one device: its measurement's figures, the comparisons, the verdict."""
+class Row(Variant):
+    """One variant (its fields first, in report.json's order) on one device: its
+    measurement's figures, the comparisons, the verdict."""
 
-    id: str
-    stage: str | None = None
-    format: str
-    source: str | None = None
-    fingerprint: str | None = None
-    not_smaller: str | None = None
-    refs: dict[str, str] | None = None
     runtime: str | None = None
     device: str
     ok: bool

@@ -227,3 +227,8 @@ def test_stage_modules_in_the_catalogue_sit_in_the_stage_layer():
     for target in LOADERS.values():
         path = target.split(":")[0]
         assert path in mods and layer_of(path) == 3, path
+    from compress.tasks import TASKS
+
+    for target in TASKS.values():  # task implementations are techniques: layer 3
+        path = target.split(":")[0]
+        assert path in mods and layer_of(path) == 3, path

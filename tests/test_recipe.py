@@ -231,8 +231,9 @@ def test_a_stage_kind_that_does_not_take_the_recipes_task_is_refused(base, monke
     stage does not take is one line naming stages[i].uses and the `task` key."""
     import dataclasses
 
-    from compress.stages import STAGES
+    from compress.registry import registry
 
+    STAGES = registry()
     assert all(kind.tasks == ("sequence-classification",) for kind in STAGES.values())
     other = dataclasses.replace(STAGES["quantize_dynamic"], tasks=("causal-lm",))
     monkeypatch.setitem(STAGES, "quantize_dynamic", other)

@@ -74,7 +74,7 @@ def test_dynamic_int8_asked_for_cuda_runs_whole_on_the_cpu(onnx_run, monkeypatch
     _, run_dir = onnx_run
     asked = []
     real_session = onnx_fmt.session
-    monkeypatch.setattr(onnx_fmt, "session", lambda path, device, threads: asked.append(device) or real_session(path, device, threads))
+    monkeypatch.setattr(onnx_fmt, "session", lambda path, device, threads, **kw: asked.append(device) or real_session(path, device, threads, **kw))
     pred = load_predictor("onnx", run_dir / "onnx_int8", "cuda", 1)
     assert asked == ["cpu"]
     assert pred.session.get_providers() == ["CPUExecutionProvider"]
