@@ -128,7 +128,7 @@ def build(model: str, dataset: str, text: str, label: str, output: Path, mach: d
     common pair of columns (premise/hypothesis, ...) is tried when `text` is missing."""
     from compress.recipe import ModelSpec, validate_recipe
     from compress.registry import registry
-    from compress.sources import peek_model_format
+    from compress.peek import peek_model_format
 
     mach = mach or machine()
     data, eval_split, text, text_pair = _load_data(dataset, text, label, text_pair, config, guess_pair)
@@ -141,7 +141,7 @@ def build(model: str, dataset: str, text: str, label: str, output: Path, mach: d
     stages: list[tuple[dict, str]] = []  # (stage, comment)
     head = None
     if fmt == "hf":
-        from compress.sources import head_labels, peek_model_config
+        from compress.peek import head_labels, peek_model_config
 
         head = head_labels(peek_model_config(ModelSpec(source=model), Path.cwd()) or {})
     # A classifier is its own baseline only when its head has the data's classes.

@@ -320,7 +320,7 @@ def _check_model_against_recipe(recipe: Recipe, model) -> list[str] | None:
     import json
 
     from compress.recipe import check_lengths, check_tokenizer, head_used_as_is
-    from compress.sources import head_labels
+    from compress.peek import head_labels
 
     try:
         config = json.loads((model.path / "config.json").read_text())

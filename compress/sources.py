@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING
 
 from compress.errors import ModelSourceError
 from compress.peek import expand_user, folder_format, local_folder, missing_path_reason, safetensors_shapes
-# Read through this module by the runner and `compress init`.
-from compress.peek import head_labels, peek_model_config, peek_model_format  # noqa: F401
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.recipe import ModelSpec

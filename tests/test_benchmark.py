@@ -142,11 +142,9 @@ def test_batch_sizes_beyond_the_eval_split_are_measured_as_the_whole_split(tmp_p
     assert any("100000" in n and "measured as batch 96" in n for n in notes)
 
 
-def test_an_edited_or_malformed_cached_measurement_is_measured_again(tmp_path, monkeypatch):
-    """A cached result carries a checksum of its own content: an accuracy edited to 99.9, or
-    a file of another shape, is not trusted."""
-    import json
-
+def _one_cached_variant(tmp_path, monkeypatch):
+    """One variant 'a' benchmarked into tmp_path by a fake worker: (run, calls), where run()
+    returns the measurements and calls lists the variants the worker measured."""
     calls = []
 
     def fake_worker(job, folder, vid, device, threads, **_):
@@ -157,7 +155,15 @@ def test_an_edited_or_malformed_cached_measurement_is_measured_again(tmp_path, m
     arts = [SimpleNamespace(id="a", format="hf", path=tmp_path / "a", fingerprint="a", content="a")]
     data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
     spec = BenchmarkSpec(devices=["cpu"], latency_rounds=1)
-    run = lambda: benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None)[0]
+    return (lambda: benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None)[0]), calls
+
+
+def test_an_edited_or_malformed_cached_measurement_is_measured_again(tmp_path, monkeypatch):
+    """A cached result carries a checksum of its own content: an accuracy edited to 99.9, or
+    a file of another shape, is not trusted."""
+    import json
+
+    run, calls = _one_cached_variant(tmp_path, monkeypatch)
     run()
     cached = tmp_path / "a.cpu.json"
     assert "checksum" in json.loads(cached.read_text())
@@ -183,17 +189,7 @@ def test_a_cached_measurement_of_another_shape_is_measured_again(tmp_path, monke
 
     from compress.artifacts import sealed
 
-    calls = []
-
-    def fake_worker(job, folder, vid, device, threads, **_):
-        calls.append(vid)
-        return _worker_result([10.0] * 4)
-
-    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
-    arts = [SimpleNamespace(id="a", format="hf", path=tmp_path / "a", fingerprint="a", content="a")]
-    data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
-    spec = BenchmarkSpec(devices=["cpu"], latency_rounds=1)
-    run = lambda: benchmark.run_benchmarks(arts, spec, data, tmp_path, {"cpu": "test"}, log=lambda s: None)[0]
+    run, calls = _one_cached_variant(tmp_path, monkeypatch)
     first = run()[("a", "cpu")]
     cached = tmp_path / "a.cpu.json"
     stored = json.loads(cached.read_text())

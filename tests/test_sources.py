@@ -4,7 +4,8 @@ import pytest
 
 from compress.errors import ModelSourceError
 from compress.recipe import ModelSpec
-from compress.sources import check_model_folder, peek_model_format, resolve_model
+from compress.peek import peek_model_format
+from compress.sources import check_model_folder, resolve_model
 
 
 def test_packaged_default_model_resolves_offline(monkeypatch, tmp_path):
