@@ -83,7 +83,7 @@ def _load(job: BenchJob):
     # max_length: a predictor that tokenizes inside its call (a cascade's large member) cuts
     # its inputs where the benchmark cuts everyone's.
     options = {**job.options.model_dump(exclude_unset=True), "max_length": job.max_length}
-    return load_predictor(job.format, Path(job.path), job.device, job.threads, options)
+    return load_predictor(job.format, Path(job.path), job.device, job.threads, options, causal=job.lm is not None)
 
 
 def _read_eval(job: BenchJob, task: Task) -> tuple[Any, np.ndarray]:
@@ -284,6 +284,34 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
     return m
 
 
+def measure_lm(job: BenchJob) -> Measurement:
+    """A causal LM: the task scores every eval (perplexity, multiple choice, summarisation)
+    and times generation (compress/tasks/causal_lm.py); the generic figures are then read
+    from those: quality is perplexity, batch-1 latency the time per output token, and each
+    batch size's throughput its decode tokens/s."""
+    assert job.lm is not None
+    task = get_task(job.task)
+    ph = _phases(job)
+    ph.begin("load")
+    t0 = time.perf_counter()
+    pred = _load(job)
+    load_s = time.perf_counter() - t0
+    rows = [json.loads(line) for line in Path(job.eval_file).read_text().splitlines() if line]
+    figures = task.measure_lm(pred, rows, job.lm, ph)
+    ph.end()
+    ppl = next(e for e in figures.evals if e.name == "perplexity")
+    batches = [BatchFigures(batch_size=g.batch_size, throughput=g.decode_tokens_per_s, p50_ms=g.tpot_ms,
+                            p95_ms=g.tpot_ms if g.batch_size > 1 else figures.tpot_ms["p95"])
+               for g in figures.generation]
+    return Measurement(
+        ok=True, device=job.device, threads=job.threads, load_seconds=load_s,
+        size_bytes=pred.size_bytes(), params=pred.num_params(), memory_bytes=pred.memory_bytes(),
+        peak_memory_bytes=pred.peak_memory_bytes(), quality=ppl.value,
+        latency_ms=Percentiles(**figures.tpot_ms), batches=batches, notes=pred.notes,
+        effective_device=getattr(pred, "effective_device", job.device), phase_seconds=ph.seconds, lm=figures,
+    )
+
+
 def _die_with_parent() -> None:
     """On Linux the kernel kills this worker when the run that started it dies, whatever
     killed that (SIGTERM, SIGKILL, an OOM kill), so no worker keeps writing into bench/
@@ -316,7 +344,7 @@ def main() -> None:
     result: Measurement | RoundTimes
     try:
         job = BenchJob.model_validate_json(Path(job_path).read_text())
-        result = measure_paired(job) if job.pair else measure(job)
+        result = measure_paired(job) if job.pair else measure_lm(job) if job.lm is not None else measure(job)
     except Exception as exc:  # reported as a failed variant, not a failed run
         if os.environ.get("COMPRESS_DEBUG"):
             raise

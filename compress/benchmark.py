@@ -31,6 +31,7 @@ METHOD = 5
 if TYPE_CHECKING:  # pragma: no cover
     from compress.artifacts import Artifact
     from compress.data import Data
+    from compress.lm_records import LMSpec
     from compress.recipe import BenchmarkSpec
 
 
@@ -98,6 +99,7 @@ def run_benchmarks(
     trust_remote_code: bool = False,
     timing: BenchTiming | None = None,
     task: str = DEFAULT_TASK,
+    lm: "LMSpec | None" = None,
 ) -> tuple[dict[tuple[str, str], Measurement], list[str]]:
     """{(variant id, device): measurement}, and notes (such as a skipped device).
     `reference`: the variant that later rounds pair every other variant with (the budget's
@@ -113,10 +115,15 @@ def run_benchmarks(
         devices.append(d)
     eval_file = write_eval_file(data, folder, task)
     results: dict[tuple[str, str], Measurement] = {}
+    causal = lm is not None
     # A batch larger than the eval split is the whole split: measured (and reported) as that.
-    n_eval = len(data.eval.texts)
-    batch_sizes = sorted({1, *(min(b, n_eval) for b in spec.batch_sizes)})
-    over = sorted(b for b in spec.batch_sizes if b > n_eval)
+    # A causal LM's batches are of generated sequences (lm.timing.batch_sizes).
+    n_eval = 0 if causal else len(data.eval.texts)
+    batch_sizes = (sorted({1, *lm.timing.batch_sizes}) if causal
+                   else sorted({1, *(min(b, n_eval) for b in spec.batch_sizes)}))
+    over = [] if causal else sorted(b for b in spec.batch_sizes if b > n_eval)
+    if causal and spec.latency_rounds > 1:
+        notes.append("causal LMs are timed in one benchmark round (benchmark.latency_rounds applies to classifiers)")
     if over:
         notes.append(f"benchmark.batch_sizes {', '.join(map(str, over))} exceed the eval split's {n_eval} sentences; "
                       f"measured as batch {n_eval}")
@@ -137,7 +144,7 @@ def run_benchmarks(
                 latency_repeats=spec.latency_repeats,
                 eval_file=str(eval_file),
                 options=JobOptions(cuda_dtype=spec.cuda_dtype, trust_remote_code=trust_remote_code),
-                task=task,
+                task=task, lm=lm,
             )
             key = digest({
                 "method": METHOD, "rounds": spec.latency_rounds, "reference": reference,
@@ -156,24 +163,28 @@ def run_benchmarks(
             log(f"  {device}: measuring every variant again, so that speed-ups come from one session")
         measured: dict[str, Measurement] = {}
         for k, (art, job, _, _) in enumerate(jobs, 1):
-            where = f"variant {k}/{len(jobs)}, round 1/{spec.latency_rounds}, {device}"
+            where = f"variant {k}/{len(jobs)}, round 1/{1 if causal else spec.latency_rounds}, {device}"
             log(f"  {art.id} on {device}: measuring ({where}) ...")
             with heartbeat(f"    {art.id} ({where})", log):
                 r = measured[art.id] = _run_worker(job, folder, art.id, device, spec.threads,
                                                    label=f"{art.id} ({where})", log=log)
             timing.add(f"{art.id} on {device}", r)
-            if r.ok and r.latency_ms is not None and r.quality is not None and r.size_bytes is not None:
+            if r.ok and r.lm is not None and r.latency_ms is not None and r.size_bytes is not None:
+                best = max(g.decode_tokens_per_s for g in r.lm.generation)
+                log(f"    perplexity {r.quality:.3f}  TTFT p50 {r.lm.ttft_ms['p50']:.1f} ms  "
+                    f"{r.latency_ms.p50:.2f} ms/token at batch 1  best {best:.1f} tok/s  size {r.size_bytes / 1e6:.1f} MB")
+            elif r.ok and r.latency_ms is not None and r.quality is not None and r.size_bytes is not None:
                 log(f"    {get_task(task).metric.name} {r.quality:.2f}  p50 {r.latency_ms.p50:.2f} ms  "
                     f"size {r.size_bytes / 1e6:.1f} MB")
             else:
                 log(f"    failed: {r.error}")
-        timed = [(art, job) for art, job, _, _ in jobs if measured[art.id].ok]
+        timed = [] if causal else [(art, job) for art, job, _, _ in jobs if measured[art.id].ok]
         extra, ratios = _later_rounds(timed, reference, spec, folder, device, log, timing)
         for art, _, key, _ in jobs:
             r = measured[art.id]
-            if r.ok:
-                merge_rounds(r, extra[art.id])
-                if extra[art.id]:
+            if r.ok and r.lm is None:  # a causal LM's timings come from its one round
+                merge_rounds(r, extra.get(art.id, []))
+                if extra.get(art.id):
                     p50s = r.latency_rounds_p50 or []
                     log(f"  {art.id}: p50 " + (" / ".join(f"{p:.2f}" for p in p50s) if len(p50s) <= 5 else
                                                f"{min(p50s):.2f} to {max(p50s):.2f}")

@@ -164,7 +164,7 @@ def gate(
         raise CompressError(f"--variant: no variant '{variant}' on {device} in the report (known: {', '.join(known)})")
     r = rows[0]
     metric = rep.metric
-    limit = rep.budget.max_accuracy_drop if max_drop is None else max_drop
+    limit = rep.budget.quality_limit(rep.metric.name) if max_drop is None else max_drop
     if not r.ok or r.delta is None or r.delta_ci95 is None:
         out.print(f"FAIL {variant}: not measured ({r.error or f'no {metric.name} delta'})", highlight=False)
         raise typer.Exit(EXIT_BUDGET)

@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from compress.errors import EXIT_BUDGET, EXIT_OK
 from compress.formats import RUNTIMES
+from compress.lm_records import MemoryPlan
 from compress.measure import BatchFigures, Measurement, Percentiles, Record
 from compress.recipe import BenchmarkSpec, BudgetSpec, PriceSpec
+from compress.stats import paired_bootstrap  # noqa: F401 - also read from here by eval scripts and tests
 from compress.tasks import DEFAULT_TASK, Metric, get_task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,6 +67,36 @@ class Member(Record):
     usd_per_1k: float | None = None
 
 
+class EvalRow(Record):
+    """One quality eval of a causal LM against the baseline's: perplexity's delta is its
+    relative increase in percent; accuracies' and ROUGE's are points."""
+
+    name: str
+    metric: str
+    value: float
+    delta: float | None = None
+    delta_ci95: tuple[float, float] | None = None
+    secondary: dict[str, float] = {}
+    secondary_delta: dict[str, float] = {}
+    secondary_ci95: dict[str, tuple[float, float]] = {}
+    items: int = 0
+    protocol: str = ""
+
+
+class LMRow(Record):
+    """What a causal LM's row adds: per-eval quality, generation speed, cost per token, memory."""
+
+    ttft_ms: dict[str, float]  # batch 1: p50, p95, p99, mean
+    tpot_ms: dict[str, float]  # batch 1, per output token
+    decode_tokens_per_s: dict[str, float]  # {batch size: output tokens/s}
+    prefill_tokens_per_s: dict[str, float]
+    usd_per_1m_tokens: float | None = None  # at the best decode throughput and the price per hour
+    evals: list[EvalRow] = []
+    memory_plan: MemoryPlan | None = None
+    greedy_match: float | None = None  # share of timing prompts whose greedy continuation equals the baseline's
+    peak_rss_mb: float | None = None
+
+
 class Row(Variant):
     """One variant (its fields first, in report.json's order) on one device: its
     measurement's figures, the comparisons, the verdict."""
@@ -102,6 +134,7 @@ class Row(Variant):
     verdict: str | None = None
     reasons: list[str] = []
     checks: list[Check] | None = None
+    lm: LMRow | None = None  # causal LMs
 
     def figure(self, key: str) -> float | None:
         """An objective's figure (OBJECTIVE_KEY): usd_per_1k, p95_ms or size_mb."""
@@ -143,23 +176,6 @@ class Policy(BaseModel):
     @property
     def metric(self) -> Metric:
         return get_task(self.task).metric
-
-
-def paired_bootstrap(scores_a: np.ndarray, scores_b: np.ndarray, samples: int, seed: int = 0,
-                     scale: float = 100.0) -> tuple[float, float]:
-    """95% interval of quality(b) - quality(a), resampling examples together (the two models
-    are scored on the same examples, so their errors are paired). scores [N]: the task's
-    per-example scores (classification: correct or not), whose mean times `scale` is the
-    metric (100: accuracy in points)."""
-    n = len(scores_a)
-    rng = np.random.default_rng(seed)
-    diff = scores_b.astype(np.float32) - scores_a.astype(np.float32)  # [N]
-    deltas = np.empty(samples, dtype=np.float64)
-    for start in range(0, samples, 200):  # chunks keep the index matrix small
-        idx = rng.integers(0, n, size=(min(200, samples - start), n))
-        deltas[start : start + idx.shape[0]] = diff[idx].mean(axis=1) * scale
-    lo, hi = np.percentile(deltas, [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 def operating_point(batches: list[BatchFigures], slo_ms: float | None) -> BatchFigures | None:
@@ -233,9 +249,10 @@ def build_rows(
                 if not (v.refs or {}).get("large"):  # else compare_members says it with the figures
                     row.notes.append(f"{r.routed_share:.0%} of the eval inputs went on to the large model")
             if base_scores is not None and base is not None and r.quality is not None and base.quality is not None:
-                row.delta = r.quality - base.quality
-                row.delta_ci95 = paired_bootstrap(base_scores, _scores(task, r, targets), bench.bootstrap_samples,
-                                                  scale=task.scale)
+                row.delta = task.delta(r.quality, base.quality)
+                row.delta_ci95 = task.interval(base_scores, _scores(task, r, targets), bench.bootstrap_samples)
+            if r.lm is not None:
+                row.lm = lm_row(r, base if base is not None and base.ok else None, row, bench.bootstrap_samples)
             rows.append(row)
 
     # Speed-ups against the baseline and against the variant's own input ("real gain").
@@ -274,7 +291,58 @@ def build_rows(
 
 def _scores(task: "Task", m: Measurement, targets: np.ndarray) -> np.ndarray:
     """The task's per-example scores [N] of a measurement (the bootstrap's resampling unit)."""
-    return task.example_scores(np.array(m.predictions), targets)
+    return task.measurement_scores(m, targets)
+
+
+def lm_row(m: Measurement, base: Measurement | None, row: Row, samples: int) -> LMRow:
+    """A causal LM's figures for its row: every eval against the baseline's (perplexity as a
+    relative increase in percent, accuracies and ROUGE in points, each with its paired
+    bootstrap interval), generation speed per batch size, $ per 1M output tokens, the
+    memory plan, and how often its greedy continuations match the baseline's."""
+    assert m.lm is not None
+    theirs = {e.name: e for e in base.lm.evals} if base is not None and base.lm is not None else {}
+    evals = []
+    for e in m.lm.evals:
+        b = theirs.get(e.name)
+        er = EvalRow(name=e.name, metric=e.metric, value=e.value, secondary=dict(e.secondary), items=e.items,
+                     protocol=e.protocol)
+        if b is not None and len(b.scores) == len(e.scores) and e.scores:
+            mine, ref = np.asarray(e.scores), np.asarray(b.scores)
+            if e.metric == "perplexity":  # per-window mean NLL: the ratio of perplexities is exp(mean difference)
+                er.delta = 100.0 * (e.value / b.value - 1.0)
+                er.delta_ci95 = paired_bootstrap(ref, mine, samples, scale=1.0, transform=_relative_increase)
+            else:  # per-item 0/1 or F1 in [0, 1]: differences in points
+                er.delta = e.value - b.value
+                er.delta_ci95 = paired_bootstrap(ref, mine, samples, scale=100.0)
+            for name, values in e.secondary_scores.items():
+                ref2 = b.secondary_scores.get(name)
+                if ref2 is not None and len(ref2) == len(values) and name in e.secondary and name in b.secondary:
+                    er.secondary_delta[name] = e.secondary[name] - b.secondary[name]
+                    er.secondary_ci95[name] = paired_bootstrap(np.asarray(ref2), np.asarray(values), samples, scale=100.0)
+        evals.append(er)
+    gens = {str(g.batch_size): g for g in m.lm.generation}
+    out = LMRow(
+        ttft_ms=m.lm.ttft_ms, tpot_ms=m.lm.tpot_ms,
+        decode_tokens_per_s={k: g.decode_tokens_per_s for k, g in gens.items()},
+        prefill_tokens_per_s={k: g.prefill_tokens_per_s for k, g in gens.items()},
+        evals=evals, memory_plan=m.lm.memory_plan,
+        peak_rss_mb=m.lm.peak_rss_bytes / 1e6 if m.lm.peak_rss_bytes else None,
+    )
+    if row.usd_per_1k is not None:  # throughput is output tokens/s: $ per 1K tokens, times 1000
+        out.usd_per_1m_tokens = row.usd_per_1k * 1000.0
+    if base is not None and base.lm is not None and base.lm.greedy_tokens and m.lm.greedy_tokens:
+        pairs = list(zip(base.lm.greedy_tokens, m.lm.greedy_tokens))
+        out.greedy_match = sum(a == b for a, b in pairs) / len(pairs)
+    if m.lm.memory_plan is not None:
+        spills = [t.name for t in m.lm.memory_plan.tiers if t.spills]
+        if spills:
+            row.notes.append(f"weights plus one full-context sequence do not fit {', '.join(spills)}: it would offload")
+    return out
+
+
+def _relative_increase(mean_nll_diff: np.ndarray) -> np.ndarray:
+    """Mean per-token NLL difference (nats) -> relative perplexity increase in percent."""
+    return 100.0 * (np.exp(mean_nll_diff) - 1.0)
 
 
 # Stages that change a model's runtime or graph but not what it computes (up to rounding),
@@ -324,8 +392,7 @@ def _compare_runtimes(task: "Task", variants: list[Variant], rows: list[Row], re
             key, other = (r.id, r.device), (o.id, o.device)
             entry = RuntimeComparison(
                 id=o.id, runtime=o.runtime or o.format, delta=r.quality - o.quality,
-                delta_ci95=paired_bootstrap(_scores(task, theirs, targets), _scores(task, mine, targets), samples,
-                                            scale=task.scale),
+                delta_ci95=task.interval(_scores(task, theirs, targets), _scores(task, mine, targets), samples),
                 speedup_b1=0.0, paired=False,
             )
             if key in paired and other in paired:
@@ -568,7 +635,7 @@ def budget_checks(r: Row, budget: BudgetSpec, metric: Metric | None = None) -> l
     if not r.ok:
         msg = f"benchmark failed: {r.error}"
         return [Check(name=n, status="error", message=msg) for n in names]
-    out = [quality_check(r, budget.max_accuracy_drop, budget.gate_on, metric)]
+    out = [quality_check(r, budget.quality_limit(metric.name), budget.gate_on, metric)]
     slo = budget.latency_p95_ms
     if slo is None:
         out.append(Check(name=names[1], status="skipped", message="no latency SLO set (budget.latency_p95_ms)"))
@@ -590,7 +657,35 @@ def budget_checks(r: Row, budget: BudgetSpec, metric: Metric | None = None) -> l
     else:
         out.append(Check(name=names[2], status="pass",
                          message=f"size {r.size_mb:.1f} MB is within the limit of {max_mb:.1f} MB"))
+    if r.lm is not None and budget.max_task_drop is not None:
+        out.append(task_check(r, budget.max_task_drop, budget.gate_on))
     return out
+
+
+TASK_CHECK = "task accuracy budget"
+
+
+def task_check(r: Row, max_drop: float, gate_on: str) -> Check:
+    """Causal LMs: every multiple-choice set's accuracy within `max_drop` points of the
+    baseline's (on the point, or on the lower end of its interval with gate_on `ci_lower`)."""
+    assert r.lm is not None
+    sets = [e for e in r.lm.evals if e.metric == "acc"]
+    if not sets:
+        return Check(name=TASK_CHECK, status="skipped", message="no multiple-choice set scored (lm.multiple_choice)")
+    bad, said = [], []
+    for e in sets:
+        if e.delta is None or e.delta_ci95 is None:
+            return Check(name=TASK_CHECK, status="fail", message=f"{e.name}: no delta (the baseline was not scored)")
+        drop = -(e.delta_ci95[0] if gate_on == "ci_lower" else e.delta) + 0.0
+        said.append(f"{e.name} {drop:.2f}")
+        if drop > max_drop:
+            bad.append(f"{e.name} {drop:.2f}")
+    what = "lower 95% bound of the accuracy drop" if gate_on == "ci_lower" else "accuracy drop"
+    if bad:
+        return Check(name=TASK_CHECK, status="fail",
+                     message=f"{what} ({', '.join(bad)} points) exceeds the budget of {max_drop:.2f}")
+    return Check(name=TASK_CHECK, status="pass",
+                 message=f"{what} ({', '.join(said)} points) is within the budget of {max_drop:.2f}")
 
 
 _NAME = {"usd_per_1k": "$/1K", "p95_ms": "p95 latency", "size_mb": "size"}

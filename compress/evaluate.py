@@ -63,7 +63,7 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
     results, bench_notes = run_benchmarks(
         variants, bench_spec, data, run_dir / "bench",
         manifest.machine_key(hw, vers), log, reference=base, trust_remote_code=recipe.model.trust_remote_code,
-        timing=bench_timing, task=recipe.task,
+        timing=bench_timing, task=recipe.task, lm=recipe.lm,
     )
     bench_seconds = time.perf_counter() - t_bench
     measured = [results[(base, d)] for d in ("cpu", *recipe.benchmark.devices) if (base, d) in results]
@@ -90,8 +90,8 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
     _, targets = task.read_eval(task.eval_rows(data.eval))
     rows = build_rows(meta, results, targets, policy)
     devices = list(dict.fromkeys(d for (_, d) in results))
-    decision = decide(rows, policy, devices, eval_examples=len(data.eval))
-    seeds = {"data": recipe.data.seed, **{s.id: getattr(s.config, "seed", None) for s in recipe.stages if hasattr(s.config, "seed")}}
+    decision = decide(rows, policy, devices, eval_examples=None if recipe.is_causal else len(data.eval))
+    seeds = {"data": recipe.seed, **{s.id: getattr(s.config, "seed", None) for s in recipe.stages if hasattr(s.config, "seed")}}
     report = Report(
         schema_version=SCHEMA_VERSION,
         task=task.info(),

@@ -89,13 +89,16 @@ def pareto_plot(report: Report, key: str, label: str) -> str:
         marker = {"selected": "*", "baseline": "s"}.get(r.verdict or "", "o")
         size = 220 if r.verdict == "selected" else 60
         ax.scatter([x], [y], s=size, marker=marker, color=colour, zorder=3, edgecolors="black", linewidths=0.5)
-        if r.delta_ci95 and r.delta is not None:  # the delta's 95% interval, on the quality axis
+        if r.delta_ci95 and r.delta is not None and m.delta_unit != "%":  # the delta's 95% interval, on the quality axis
             lo, hi = r.delta_ci95
             ax.vlines(x, y + lo - r.delta, y + hi - r.delta, color=colour, lw=1, zorder=2)
         ax.annotate(r.id, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
     if base is not None:
-        drop = b.max_accuracy_drop
-        floor = base.quality - drop if m.higher_is_better else base.quality + drop
+        drop = b.quality_limit(m.name)
+        if m.delta_unit == "%":  # a relative budget (perplexity)
+            floor = base.quality * (1.0 + drop / 100.0)
+        else:
+            floor = base.quality - drop if m.higher_is_better else base.quality + drop
         unit = "pts" if m.delta_unit == "points" else m.delta_unit
         ax.axhline(floor, color="#d73027", ls="--", lw=1,
                    label=f"{m.name} budget ({'-' if m.higher_is_better else '+'}{drop:g} {unit})")
@@ -192,7 +195,7 @@ def render(report: "Report | dict") -> str:
     else:
         banner = (f"<div class='banner bad'><b>No compressed variant is within budget</b> (exit code "
                   f"{d.exit_code})</div>")
-    limits = [f"max {escape(metric.name)} drop {b.max_accuracy_drop:g} {escape(metric.delta_unit)} (gate on {b.gate_on})"]
+    limits = [f"max {escape(metric.name)} drop {b.quality_limit(metric.name):g} {escape(metric.delta_unit)} (gate on {b.gate_on})"]
     if b.latency_p95_ms:
         limits.append(f"p95 &le; {b.latency_p95_ms:g} ms")
     if b.max_size_mb:

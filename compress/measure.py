@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from compress.lm_records import LMFigures, LMSpec
 from compress.tasks import DEFAULT_TASK
 
 
@@ -71,6 +72,7 @@ class BenchJob(Record):
     eval_file: str
     options: JobOptions = Field(default_factory=JobOptions)
     task: str = DEFAULT_TASK
+    lm: LMSpec | None = None  # causal LMs: what the variant is scored and timed on
     # A later round: the batch-1 timings alone, alternately with `pair` when given.
     latency_only: bool = False
     pair: PairRef | None = None
@@ -86,6 +88,8 @@ class BenchJob(Record):
                                        "max_latency_examples", "latency_repeats", "options"})
         if self.task != DEFAULT_TASK:
             out["task"] = self.task
+        if self.lm is not None:
+            out["lm"] = self.lm.model_dump(mode="json")
         return out
 
 
@@ -144,6 +148,7 @@ class Measurement(Record):
     latency_rounds_p50: list[float] | None = None  # each round's batch-1 p50
     paired_speedup: PairedSpeedup | None = None
     key: str | None = None  # the cache key it was measured under
+    lm: LMFigures | None = None  # causal LMs: every eval, generation timings per batch size, the memory plan
 
 
 class RoundTimes(Record):

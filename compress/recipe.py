@@ -17,6 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, 
 
 from compress import peek
 from compress.errors import ModelSourceError, RecipeError
+from compress.lm_records import LMSpec
 from compress.registry import Format, StageConfig, get_stage
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # \Z: `$` would let a trailing newline through
@@ -251,7 +252,16 @@ class BudgetSpec(Strict):
         "the recipe's model when it is already a classifier.",
     )
     max_accuracy_drop: float = Field(
-        1.0, ge=0, description="Largest accepted accuracy drop against the baseline, in points."
+        1.0, ge=0, description="Largest accepted accuracy drop against the baseline, in points (classification)."
+    )
+    max_perplexity_increase: float = Field(
+        5.0, ge=0,
+        description="Causal LMs: largest accepted perplexity increase against the baseline, in percent.",
+    )
+    max_task_drop: float | None = Field(
+        None, ge=0,
+        description="Causal LMs: largest accepted drop on each multiple-choice set's accuracy (lm.multiple_choice), "
+        "in points; None: those sets are reported, not gated.",
     )
     latency_p95_ms: PositiveFloat | None = Field(
         None,
@@ -286,16 +296,23 @@ class BudgetSpec(Strict):
     )
 
 
+    def quality_limit(self, metric: str) -> float:
+        """The largest accepted drop on the task's metric, in its delta unit (perplexity: %)."""
+        return self.max_perplexity_increase if metric == "perplexity" else self.max_accuracy_drop
+
+
 class Recipe(Strict):
     schema_version: Literal[1] = Field(description="Recipe format version; always 1.")
     name: str = Field(description="Run name; outputs go to `<artifacts>/<name>/`.")
-    task: Literal["sequence-classification"] = Field(
+    task: Literal["sequence-classification", "causal-lm"] = Field(
         "sequence-classification",
         description="What the models do, and so how variants are scored and timed (compress/tasks): "
-        "`sequence-classification` (single texts or pairs; quality is accuracy, a timed call one forward pass).",
+        "`sequence-classification` (single texts or pairs; quality is accuracy, a timed call one forward pass); "
+        "`causal-lm` (quality is perplexity, with multiple-choice and summarisation beside it; timed as generation).",
     )
     model: ModelSpec = Field(default_factory=ModelSpec)
-    data: DataSpec
+    data: DataSpec | None = Field(None, description="The labelled data (sequence-classification).")
+    lm: LMSpec | None = Field(None, description="What causal LMs are scored and timed on (causal-lm).")
     stages: list[StageSpec] = Field(min_length=1)
     benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
@@ -310,6 +327,15 @@ class Recipe(Strict):
     @property
     def base_dir(self) -> Path:
         return self._path.parent if self._path else Path.cwd()
+
+    @property
+    def seed(self) -> int:
+        """The data seed (training subsets, calibration slices); 0 without a `data` block."""
+        return self.data.seed if self.data is not None else 0
+
+    @property
+    def is_causal(self) -> bool:
+        return self.task == "causal-lm"
 
     def stage(self, stage_id: str) -> StageSpec:
         for s in self.stages:
@@ -503,6 +529,17 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
     except RecursionError:
         raise RecipeError(where, "", "nested too deeply to be a recipe")
     recipe._path = path.resolve() if path else None
+    if recipe.is_causal:
+        if "data" in raw:
+            raise RecipeError(where, "data", "causal-lm recipes take no `data` block: their eval sets go under `lm` "
+                              "(perplexity, multiple_choice, summarization)")
+        if recipe.lm is None:
+            recipe.lm = LMSpec()
+    else:
+        if recipe.data is None:
+            raise RecipeError(where, "data", "missing: a sequence-classification recipe names its dataset here")
+        if "lm" in raw:
+            raise RecipeError(where, "lm", f"only causal-lm recipes take an `lm` block (this one's task is {recipe.task})")
 
     if not SAFE_ID.match(recipe.name):
         raise RecipeError(where, "name", f"'{recipe.name}' is not a safe folder name (letters, digits, '-', '_')")
@@ -728,8 +765,10 @@ def head_used_as_is(recipe: Recipe) -> bool:
 def check_head(recipe: Recipe, model_config: dict, where: str) -> None:
     """A classifier used as it is must have the data's label count (and names), where the
     recipe says them (data.label_names, data.num_labels); the data itself is checked at run time."""
-    head = peek.head_labels(model_config)
     data = recipe.data
+    if data is None:  # a causal LM has no classification head
+        return
+    head = peek.head_labels(model_config)
     n = len(data.label_names) if data.label_names else data.num_labels
     key = "data.label_names" if data.label_names else "data.num_labels"
     if n is not None and n != len(head):
@@ -746,7 +785,12 @@ def check_head(recipe: Recipe, model_config: dict, where: str) -> None:
 def length_settings(recipe: Recipe) -> list[tuple[str, int]]:
     """(recipe key, value) of every token-length setting: benchmark.max_length and each
     stage's max_length (defaults included: they are used as much as written values)."""
-    out = [("benchmark.max_length", recipe.benchmark.max_length)]
+    if recipe.lm is not None:  # causal LMs: the scored windows and the longest timed sequence
+        t = recipe.lm.timing
+        out = [("lm.perplexity.context", recipe.lm.perplexity.context),
+               ("lm.timing.max_prompt_tokens", t.max_prompt_tokens + t.new_tokens)]
+    else:
+        out = [("benchmark.max_length", recipe.benchmark.max_length)]
     for i, spec in enumerate(recipe.stages):
         value = getattr(spec.config, "max_length", None)
         if isinstance(value, int):

@@ -72,7 +72,7 @@ def print_report(report: "Report | dict", console=None) -> None:
         console.print(f"  [dim]{escape(line)}[/dim]", highlight=False)
     if d.selected:
         console.print(f"[bold green]deploy: {d.selected}[/bold green] ({d.objective} on {d.device}, "
-                      f"max drop {report.budget.max_accuracy_drop} {report.metric.delta_unit})", highlight=False)
+                      f"max drop {report.budget.quality_limit(report.metric.name)} {report.metric.delta_unit})", highlight=False)
     elif d.too_few_eval_examples:
         console.print("[bold red]nothing deployed: too few eval sentences to decide[/bold red] (exit 3)", highlight=False)
     else:
@@ -130,14 +130,14 @@ def markdown(report: "Report | dict") -> str:
         lines.append(f"**Nothing deployed: too few eval sentences to decide** (budget.min_eval_examples "
                      f"{b.min_eval_examples}).")
     else:
-        lines.append(f"**No compressed variant is within budget** (max drop {b.max_accuracy_drop} {m.delta_unit}). ")
+        lines.append(f"**No compressed variant is within budget** (max drop {b.quality_limit(m.name)} {m.delta_unit}). ")
         bf = d.best_failed
         if bf is not None:
             lines.append(f"Closest: `{bf.id}` at {bf.delta:+.2f} {m.delta_unit}: {_md('; '.join(bf.reasons))}.")
     heads = headers(report)
     lines += ["", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in table_rows(report)]
-    lines += ["", f"Budget: max {m.name} drop {b.max_accuracy_drop} {m.delta_unit} (gate on {b.gate_on})"
+    lines += ["", f"Budget: max {m.name} drop {b.quality_limit(m.name)} {m.delta_unit} (gate on {b.gate_on})"
               + (f", p95 <= {b.latency_p95_ms} ms" if b.latency_p95_ms else "")
               + (f", size <= {b.max_size_mb} MB" if b.max_size_mb else "") + "."]
     why = [f"- `{r.id}` ({r.device}): {_md('; '.join(r.reasons))}" for r in report.rows

@@ -21,9 +21,12 @@ from compress.tasks import DEFAULT_TASK, Metric, TaskInfo, get_task
 
 REPORT_JSON = "report.json"
 # 1: the first format. 2: adds the top-level `task` block (the task and its metric); a
-# report without it is a sequence-classification report.
-SCHEMA_VERSION = 2
-SCHEMA_VERSIONS = (1, 2)
+# report without it is a sequence-classification report. 3: causal LMs: a row's quality
+# figure is keyed by the task's metric (`perplexity`; classification keeps `accuracy`), and
+# rows carry an `lm` block (every eval, generation speed, $ per 1M tokens, the memory plan).
+SCHEMA_VERSION = 3
+SCHEMA_VERSIONS = (1, 2, 3)
+QUALITY_KEY = "accuracy"  # the key Row.quality is written under for classification
 
 
 class Manifest(BaseModel):
@@ -82,8 +85,41 @@ class Report(BaseModel):
         return self.task_info.metric
 
     def dump(self) -> dict[str, Any]:
-        """The report as report.json's object (python values, NaN and infinities still in)."""
-        return self.model_dump(by_alias=True, exclude_unset=True)
+        """The report as report.json's object (python values, NaN and infinities still in).
+        The quality figure is keyed by the task's metric name (perplexity for causal LMs)."""
+        out = self.model_dump(by_alias=True, exclude_unset=True)
+        return _rekey(out, QUALITY_KEY, self.metric.name)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_quality_key(cls, data: Any) -> Any:
+        """A causal-LM report keys its quality figure by the metric (`perplexity`): read it
+        back into the rows' `quality` field."""
+        if isinstance(data, dict) and isinstance(data.get("task"), dict):
+            name = (data["task"].get("metric") or {}).get("name")
+            if isinstance(name, str) and name != QUALITY_KEY:
+                return _rekey(dict(data), name, QUALITY_KEY)
+        return data
+
+
+def _rekey(report: dict, old: str, new: str) -> dict:
+    """Renames the quality key of every row, member and the best failed variant."""
+    if old == new:
+        return report
+
+    def one(d: Any) -> Any:
+        if not isinstance(d, dict) or old not in d:
+            return d
+        return {(new if k == old else k): v for k, v in d.items()}
+
+    report["rows"] = [one(r) for r in report.get("rows", [])]
+    for r in report["rows"]:
+        if isinstance(r, dict) and isinstance(r.get("members"), dict):
+            r["members"] = {k: one(m) for k, m in r["members"].items()}
+    if isinstance(report.get("decision"), dict):
+        report["decision"] = dict(report["decision"])
+        report["decision"]["best_failed"] = one(report["decision"].get("best_failed"))
+    return report
 
 
 def as_report(report: "Report | dict") -> Report:
@@ -114,8 +150,44 @@ def _format(r: Row) -> str:
     return r.format if r.runtime in (None, r.format) else f"{r.format} ({r.runtime})"
 
 
+def _lm_eval(r: Row, name: str) -> str:
+    e = next((e for e in r.lm.evals if e.name == name), None) if r.lm else None
+    if e is None:
+        return "-"
+    return f"{e.value:.1f}" + (f" ({e.delta:+.1f})" if e.delta is not None else "")
+
+
+def lm_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Causal LMs: perplexity and its relative increase, the task evals (points against the
+    baseline in brackets), size, time to first token and per output token at batch 1, the
+    best decode rate and its batch, $ per 1M output tokens, the tiers it fits."""
+    names = list(dict.fromkeys(e.name for r in report.rows if r.lm for e in r.lm.evals if e.name != "perplexity"))
+    heads = ["variant", "format", "device", "ppl", "delta % [95% CI]", *names, "MB", "TTFT ms", "ms/token",
+             "tok/s b1", "best tok/s", "$/1M tok", "fits", "verdict"]
+    out = []
+    for r in report.rows:
+        fmt, verdict = _format(r), r.verdict or ""
+        if not r.ok or r.lm is None:
+            out.append([r.id, fmt, r.device, *["-"] * (len(heads) - 4), verdict])
+            continue
+        lm = r.lm
+        best_b, best = max(lm.decode_tokens_per_s.items(), key=lambda kv: kv[1])
+        plan = lm.memory_plan
+        fits = ", ".join(t.name for t in plan.tiers if not t.spills) if plan else "-"
+        out.append([
+            r.id, fmt, r.device, f"{r.quality:.3f}", delta_cell(r), *[_lm_eval(r, n) for n in names],
+            f"{r.size_mb:.1f}", _num(lm.ttft_ms.get("p50"), ".1f"), _num(lm.tpot_ms.get("p50"), ".2f"),
+            _num(lm.decode_tokens_per_s.get("1"), ".1f"), f"{best:.1f} @b{best_b}",
+            _num(lm.usd_per_1m_tokens, ".4f", "-").join(("$", "")) if lm.usd_per_1m_tokens is not None else "-",
+            fits or "none", verdict,
+        ])
+    return heads, out
+
+
 def table_rows(report: "Report | dict") -> list[list[str]]:
     report = as_report(report)
+    if report.task_info.name == "causal-lm":
+        return lm_table(report)[1]
     out = []
     for r in report.rows:
         fmt = _format(r)
@@ -137,6 +209,8 @@ def table_rows(report: "Report | dict") -> list[list[str]]:
 def headers(report: Report) -> list[str]:
     """The table's column headings: the quality columns are named after the task's metric."""
     m, info = report.metric, report.task_info
+    if info.name == "causal-lm":
+        return lm_table(report)[0]
     delta = f"delta {'pts' if m.delta_unit == 'points' else m.delta_unit} [95% CI]".replace("  ", " ")
     return ["variant", "format", "device", m.label or m.name, delta, "MB", "p50/p95/p99 ms",
             "speed-up", info.throughput_unit, "$/1K", "verdict"]

@@ -65,10 +65,17 @@ def run_recipe(
         model = resolve_model(recipe.model, recipe.base_dir)
         log(f"model: {recipe.model.source} ({model.format}, {model.origin})")
         head = _check_model_against_recipe(recipe, model)
-        data = Data(recipe.data, recipe.base_dir, head=head)
-        data_notes = [_unk_note(recipe, model.path, data)]
-        log(f"data: {len(data.train)} training / {len(data.eval)} eval examples, {data.num_labels} labels "
-            f"({data.sources['eval']})")
+        if recipe.lm is not None:
+            from compress.lm_data import load_lm_evals
+
+            data = load_lm_evals(recipe.lm, recipe.base_dir)
+            data_notes = []
+            log(f"data: {data.summary()}")
+        else:
+            data = Data(recipe.data, recipe.base_dir, head=head)
+            data_notes = [_unk_note(recipe, model.path, data)]
+            log(f"data: {len(data.train)} training / {len(data.eval)} eval examples, {data.num_labels} labels "
+                f"({data.sources['eval']})")
         for note in data.notes:
             log(f"data: note: {note}")
 
@@ -309,7 +316,7 @@ class Executor:
         return StageContext(
             stage_id=step.id, config=step.config, input=self.artifacts[step.source], out=out, recipe=self.recipe,
             refs={k: self.artifacts[v] for k, v in step.refs.items()}, _data=lambda: self.data, log=self.log,
-            device=self.device, threads=self.threads, seed=self.recipe.data.seed, cache_root=self.role.cache_root(out),
+            device=self.device, threads=self.threads, seed=self.recipe.seed, cache_root=self.role.cache_root(out),
         )
 
 

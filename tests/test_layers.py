@@ -19,14 +19,14 @@ ROOT = Path(__file__).resolve().parents[1] / "compress"
 LAYERS: dict[int, tuple[str, ...]] = {
     # base: types, errors, output, the stage and task catalogues as data
     0: ("compress", "compress.errors", "compress.console", "compress.manifest", "compress.architectures",
-        "compress.registry", "compress.tasks"),
+        "compress.registry", "compress.tasks", "compress.stats"),
     # schema: the recipe, and facts read from a model's files without loading it
-    1: ("compress.recipe", "compress.peek"),
+    1: ("compress.recipe", "compress.peek", "compress.lm_records"),
     # sources and data
-    2: ("compress.sources", "compress.data", "compress.artifacts", "compress.context"),
+    2: ("compress.sources", "compress.data", "compress.artifacts", "compress.context", "compress.lm_data", "compress.gguf"),
     # techniques and formats
     3: ("compress.formats", "compress.formats.*", "compress.train", "compress.distillation", "compress.parity",
-        "compress.predict", "compress.tasks.*"),
+        "compress.predict", "compress.tasks.*", "compress.lm_export", "compress.lm_bench", "compress.memory_plan"),
     # stages
     4: ("compress.stages", "compress.stages.*"),
     # benchmark

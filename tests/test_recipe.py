@@ -221,9 +221,20 @@ def test_a_head_used_as_is_with_another_label_count_fails_validation(tiny_classi
 def test_the_task_key_defaults_to_sequence_classification_and_names_what_is_valid(base):
     assert validate_recipe(base).task == "sequence-classification"
     assert validate_recipe(base).resolved()["task"] == "sequence-classification"
-    base["task"] = "causal-lm"
+    base["task"] = "summarization"
     e = error_of(base)
-    assert e.key == "task" and "sequence-classification" in e.message
+    assert e.key == "task" and "sequence-classification" in e.message and "causal-lm" in e.message
+
+
+def test_the_data_and_lm_blocks_belong_to_their_tasks(base):
+    """A classification recipe needs `data` and takes no `lm`; a causal-LM recipe the reverse:
+    each mistake is one line naming the key."""
+    e = error_of({**base, "lm": {}})
+    assert e.key == "lm" and "causal-lm" in e.message
+    no_data = {k: v for k, v in base.items() if k != "data"}
+    assert error_of(no_data).key == "data"
+    e = error_of({**base, "task": "causal-lm"})
+    assert e.key == "data" and "`lm`" in e.message
 
 
 def test_a_stage_kind_that_does_not_take_the_recipes_task_is_refused(base, monkeypatch):

@@ -57,7 +57,7 @@ def test_report_json_reads_back_into_the_same_file(tmp_path):
 def test_schema_2_carries_the_task_and_older_schemas_are_sequence_classification(tmp_path):
     from compress.tasks import get_task
 
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     info = get_task().info().model_dump()
     write_reports(_report(schema_version=2, task=info), tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
@@ -68,11 +68,26 @@ def test_schema_2_carries_the_task_and_older_schemas_are_sequence_classification
     assert Report.model_validate(_report()).task_info == get_task().info()
 
 
+def test_a_causal_lm_report_keys_its_quality_by_perplexity_and_reads_it_back(tmp_path):
+    """Schema 3: the quality figure is keyed by the task's metric, so a causal-LM row says
+    `perplexity`, never `accuracy`; reading the file back gives the same figures."""
+    from compress.tasks import Metric, TaskInfo
+
+    info = TaskInfo(name="causal-lm", metric=Metric(name="perplexity", direction="lower", unit="", label="ppl",
+                                                    delta_unit="%"), throughput_unit="tok/s").model_dump()
+    report = Report.model_validate(_report(schema_version=3, task=info))
+    data = report.dump()
+    assert all("accuracy" not in r for r in data["rows"])
+    assert all("perplexity" in r for r in data["rows"] if r["ok"])
+    again = Report.model_validate(json.loads(json.dumps(data)))
+    assert [r.quality for r in again.rows] == [r.quality for r in report.rows]
+
+
 @pytest.mark.parametrize("edit,problem", [
     (lambda r: r["rows"][1].update(acuracy=1.0), "rows.1.acuracy: Extra inputs are not permitted"),
     (lambda r: r["rows"][1].pop("accuracy"), "rows[1]: a row marked ok lacks accuracy"),
     (lambda r: r["decision"].update(best_failed={"id": 3}), "decision.best_failed.id"),
-    (lambda r: r.update(schema_version=3), "not a compress report (schema_version 1 or 2)"),
+    (lambda r: r.update(schema_version=4), "not a compress report (schema_version 1 or 2 or 3)"),
 ])
 def test_a_malformed_report_is_one_line(tmp_path, edit, problem):
     report = _report()

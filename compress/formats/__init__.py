@@ -23,6 +23,16 @@ LOADERS: dict[str, str] = {
     "openvino": "compress.formats.openvino:load",
 }
 
+# Causal LMs: format -> "module:function", load(path, device, threads, options) -> CausalLM
+# (compress/formats/causal.py: the contract every causal-LM predictor keeps).
+CAUSAL_LOADERS: dict[str, str] = {
+    "hf": "compress.formats.causal:load_hf",
+    "torch_int8": "compress.formats.torch_int8:load_causal",
+    "torchao": "compress.formats.torchao:load_causal",
+    "onnx": "compress.formats.causal_onnx:load",
+    "genai": "compress.formats.genai:load",
+}
+
 # Formats with no GPU kernels: benchmarked on the CPU only (a note says so on a GPU machine).
 CPU_ONLY = {
     "torch_int8": "torch dynamic INT8 has CUDA kernels for no layer",
@@ -34,6 +44,7 @@ CPU_ONLY = {
 RUNTIMES = {
     "hf": "torch", "torch_int8": "torch", "bnb_4bit": "torch+bitsandbytes",
     "onnx": "onnxruntime", "openvino": "openvino", "cascade": "cascade",
+    "torchao": "torch+torchao", "genai": "onnxruntime-genai",
 }
 
 # Files that are tokenizer or bookkeeping, not model: left out of "size on disk".
@@ -86,10 +97,13 @@ class Predictor:
         return None
 
 
-def load_predictor(fmt: str, path: Path, device: str, threads: int, options: dict | None = None) -> Predictor:
-    if fmt not in LOADERS:
-        raise ValueError(f"format '{fmt}' cannot be benchmarked; known: {', '.join(sorted(LOADERS))}")
-    module, func = LOADERS[fmt].split(":")
+def load_predictor(fmt: str, path: Path, device: str, threads: int, options: dict | None = None,
+                   causal: bool = False) -> Predictor:
+    table = CAUSAL_LOADERS if causal else LOADERS
+    if fmt not in table:
+        what = "a causal LM" if causal else "a classifier"
+        raise ValueError(f"format '{fmt}' cannot be benchmarked as {what}; known: {', '.join(sorted(table))}")
+    module, func = table[fmt].split(":")
     return getattr(importlib.import_module(module), func)(path, device, threads, options or {})
 
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # task name -> "module:attribute" of its Task object, imported on first use.
 TASKS: dict[str, str] = {
     "sequence-classification": "compress.tasks.classification:TASK",
+    "causal-lm": "compress.tasks.causal_lm:TASK",
 }
 DEFAULT_TASK = "sequence-classification"
 
@@ -163,6 +164,25 @@ class Task:
         raise NotImplementedError
 
     scale: float = 1.0  # metric = mean(example_scores) * scale (100: a share in points)
+
+    # --- comparing with the baseline
+    def delta(self, value: float, base: float) -> float:
+        """A variant's figure against the baseline's, in the metric's delta unit."""
+        return value - base
+
+    def measurement_scores(self, measurement: Any, targets: "np.ndarray") -> "np.ndarray":
+        """The per-example scores [N] of a measurement (compress.measure.Measurement): the
+        unit the paired bootstrap resamples."""
+        import numpy as np
+
+        return self.example_scores(np.array(measurement.predictions), targets)
+
+    def interval(self, base_scores: "np.ndarray", scores: "np.ndarray", samples: int, seed: int = 0
+                 ) -> tuple[float, float]:
+        """The 95% paired bootstrap interval of `delta` (the same examples resampled for both)."""
+        from compress.stats import paired_bootstrap
+
+        return paired_bootstrap(base_scores, scores, samples, seed=seed, scale=self.scale)
 
 
 def get_task(name: str = DEFAULT_TASK) -> Task:
