@@ -81,6 +81,8 @@ def card(report: "Report | dict", variant: str) -> str:
     import yaml
 
     report = as_report(report)
+    if report.task_info.name == "causal-lm":
+        return lm_card(report, variant)
     m = report.manifest
     recipe = m.recipe
     metric, secondary = report.metric, report.task_info.secondary
@@ -160,6 +162,81 @@ def card(report: "Report | dict", variant: str) -> str:
     lines += ["", "## Use", "", *_usage(fmt)]
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=False, width=1000)
     return f"---\n{front}---\n\n" + "\n".join(lines) + "\n"
+
+
+def lm_card(report: Report, variant: str) -> str:
+    """The README.md of a causal-LM variant folder: perplexity and the task evals against the
+    baseline with their intervals, generation speed, $ per 1M output tokens, memory fit."""
+    import yaml
+
+    m = report.manifest
+    recipe = m.recipe
+    rows = [r for r in report.rows if r.id == variant]
+    fmt = rows[0].format if rows else None
+    source = recipe.get("model", {}).get("source")
+    steps = chain(recipe, variant)
+    meta: dict = {}
+    if _hub_id(source):
+        meta["base_model"] = source
+    meta["library_name"] = {"hf": "transformers", "onnx": "onnx", "genai": "onnxruntime-genai"}.get(fmt or "", "compress")
+    meta["pipeline_tag"] = "text-generation"
+    meta["tags"] = list(dict.fromkeys(["compress", "text-generation", *(s["uses"] for s in steps), *([fmt] if fmt else [])]))
+    selected = report.decision.selected == variant
+    lines = [f"# {_text(variant)}", "",
+             f"A causal language model (`{_code(fmt)}` format) made by compress from `{_code(_name(source))}`."
+             + (" **Selected for deployment** by this run." if selected else ""),
+             "", "## Compression chain", ""]
+    lines += [f"{i}. `{_code(s['id'])}`: `{_code(s['uses'])}`" + (f" ({_text(_settings(s.get('with')))})"
+                                                             if _settings(s.get("with")) else "")
+              for i, s in enumerate(steps, 1)] or ["(the recipe's model, unchanged)"]
+    lines += ["", "## Measured", "", "| device | eval | figure | delta vs baseline (95% CI) |", "|---|---|---|---|"]
+    for r in rows:
+        if not r.ok or r.lm is None:
+            lines.append(f"| {_text(r.device)} | failed: {_text(r.error, 120)} | | |")
+            continue
+        for e in r.lm.evals:
+            ci = e.delta_ci95
+            unit = "%" if e.metric == "perplexity" else "points"
+            delta = "-" if e.delta is None else f"{e.delta:+.2f} {unit}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+            lines.append(f"| {_text(r.device)} | {_text(e.name)} | {e.metric} {e.value:.3f} | {delta} |")
+    for r in rows:
+        if r.ok and r.lm is not None:
+            lm = r.lm
+            speeds = ", ".join(f"batch {b}: {v:.1f}" for b, v in lm.decode_tokens_per_s.items())
+            lines += ["", f"On {_text(r.device)}: {r.size_mb:.1f} MB; time to first token p50 "
+                      f"{_num(lm.ttft_ms.get('p50'), '.1f')} ms, {_num(lm.tpot_ms.get('p50'), '.2f')} ms per output "
+                      f"token at batch 1; decode tokens/s {speeds}; $ per 1M output tokens "
+                      f"{_num(lm.usd_per_1m_tokens, '.4f')}."]
+            if lm.memory_plan is not None:
+                plan = lm.memory_plan
+                lines.append(f"KV cache {plan.kv_bytes_per_token / 1e3:.1f} kB per token ({plan.kv_dtype}); "
+                             + "; ".join(f"{t.name}: " + (f"up to {t.max_batch_at_context} sequences of {plan.context} "
+                                                          f"tokens" if not t.spills else "would offload")
+                                         for t in plan.tiers) + ".")
+    protocols = list(dict.fromkeys(f"{e.name}: {e.protocol}" for r in rows if r.lm for e in r.lm.evals if e.protocol))
+    if protocols:
+        lines += ["", "Protocols:", *[f"- {_text(p_, 400)}" for p_ in protocols]]
+    notes = [n for r in rows for n in r.notes] + [n for n in report.notes if "GGUF" in n]
+    if notes:
+        lines += ["", *[f"- {_text(n)}" for n in notes]]
+    cpu = m.hardware["cpu"]
+    lines += ["", f"Baseline: `{_code(report.budget.baseline)}`. Machine: {_text(cpu.get('model'))} "
+              f"({m.threads} threads). compress {_text(m.versions.get('compress', '?'))}, run started "
+              f"{_text(m.started or '?')}."]
+    lines += ["", "## Use", "", *_lm_usage(fmt)]
+    front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=False, width=1000)
+    return f"---\n{front}---\n\n" + "\n".join(lines) + "\n"
+
+
+def _lm_usage(fmt: str | None) -> list[str]:
+    if fmt == "onnx":
+        return ["```python", "from optimum.onnxruntime import ORTModelForCausalLM",
+                "from transformers import AutoTokenizer, pipeline",
+                'gen = pipeline("text-generation", model=ORTModelForCausalLM.from_pretrained("."),'
+                ' tokenizer=AutoTokenizer.from_pretrained("."))', "```"]
+    if fmt == "hf":
+        return ["```python", "from transformers import pipeline", 'gen = pipeline("text-generation", model=".")', "```"]
+    return [f"Load with `compress.formats.load_predictor({fmt!r}, path, 'cpu', threads, causal=True)`."]
 
 
 def _usage(fmt: str | None) -> list[str]:

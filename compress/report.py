@@ -119,7 +119,18 @@ def markdown(report: "Report | dict") -> str:
     b = report.budget
     m = report.metric
     lines = [f"## compress: {report.recipe}", ""]
-    if d.selected:
+    causal = report.task_info.name == "causal-lm"
+    if d.selected and causal:
+        sel = next(r for r in report.rows if r.id == d.selected and r.device == d.device)
+        lm = sel.lm
+        best = max(lm.decode_tokens_per_s.values()) if lm else 0.0
+        cost = f", ${lm.usd_per_1m_tokens:.4f} per 1M output tokens" if lm and lm.usd_per_1m_tokens is not None else ""
+        lines.append(
+            f"**Deploy `{d.selected}`** ({d.objective} on {d.device}): perplexity {sel.quality:.3f} "
+            f"({delta_cell(sel)} % vs `{b.baseline}`), {sel.size_mb:.1f} MB, {sel.latency_ms.p50:.2f} ms per output "
+            f"token at batch 1, {best:.1f} tokens/s at its best batch{cost}."
+        )
+    elif d.selected:
         sel = next(r for r in report.rows if r.id == d.selected and r.device == d.device)
         lines.append(
             f"**Deploy `{d.selected}`** ({d.objective} on {d.device}): {m.name} {sel.quality:.2f} "
@@ -153,6 +164,16 @@ def markdown(report: "Report | dict") -> str:
         lines += ["", "<details><summary>Where the time went</summary>", "", *[f"- {x}" for x in timing], "",
                   "</details>"]
     man = report.manifest
+    if causal:
+        protocols = list(dict.fromkeys(f"{e.name}: {e.protocol}" for r in report.rows if r.lm for e in r.lm.evals
+                                       if e.protocol))
+        if protocols:
+            lines += ["", "Protocols:", *[f"- {_md(p)}" for p in protocols]]
+        lines += ["", f"<sub>{man.hardware['cpu']['model']}, {man.threads} threads; time to first token and per "
+                  f"output token at batch 1 over real prompts, greedy; tokens/s count every row of a batch; "
+                  f"$ per 1M output tokens at the best decode rate. compress {man.versions.get('compress', '?')}, "
+                  f"torch {man.versions.get('torch', '?')}.</sub>", ""]
+        return "\n".join(lines)
     paired = any(r.paired_vs_baseline for r in report.rows)
     lines += ["", f"<sub>{man.hardware['cpu']['model']}, {man.threads} threads; latency at batch 1 over "
               f"{man.data['eval_examples']} eval sentences; $/1K at the best batch size"
