@@ -129,3 +129,15 @@ def test_quantize_weights_config_is_checked_before_any_model_loads():
     with pytest.raises(ValidationError):
         cfg(scheme="int2")
     assert cfg(scheme="int4").group_size is None
+
+
+def test_torchao_imports_quietly():
+    # torchao logs a "Failed to load ...so" warning per CUDA-only extension on a CPU machine,
+    # and torch's pytree logger warns about its Enum registrations: quiet_import hides both.
+    import subprocess
+    import sys
+
+    code = "from compress.formats import torchao as ao; ao.ao_configs('int4', 32); print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-500:]
+    assert "Failed to load" not in out.stderr and "_pytree" not in out.stderr, out.stderr[-500:]
