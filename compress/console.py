@@ -162,8 +162,12 @@ def heartbeat(label: str, log_fn=None):
 
 # Loggers of libraries whose warnings say nothing a user of compress can act on here (for
 # example bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" on
-# every CPU without the optional `kernels` package); errors still show.
-QUIET_LOGGERS = ("bitsandbytes", "optimum", "onnxruntime", "torch.onnx", "accelerate", "datasets", "huggingface_hub")
+# every CPU without the optional `kernels` package, or torchao's "Failed to load ..._C_mxfp8...so"
+# for each CUDA-only extension on a CPU machine, and torch's pytree logger warning that torchao
+# registers its Enum settings the deprecated way: transformers imports torchao whenever it is
+# installed); errors still show.
+QUIET_LOGGERS = ("bitsandbytes", "optimum", "onnxruntime", "torch.onnx", "accelerate", "datasets", "huggingface_hub",
+                 "torchao", "torch.utils._pytree")
 
 
 def quiet_libraries() -> None:

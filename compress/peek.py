@@ -19,6 +19,7 @@ import struct
 from pathlib import Path
 from typing import Protocol
 
+from compress import gguf
 from compress.errors import ModelSourceError
 
 
@@ -35,8 +36,13 @@ class ModelRef(Protocol):
 
 
 def local_folder(spec: ModelRef, base_dir: Path) -> Path | None:
-    """The folder of the model if it can be had without a download, else None."""
+    """The folder of the model if it can be had without a download, else None. A GGUF
+    source's folder is its converted copy, once converted (compress/gguf.py)."""
     src = spec.source
+    file = gguf_file(spec, base_dir)
+    if file is not None:
+        done = gguf.converted(file)
+        return done.path if done is not None else None
     if src.startswith("package:"):
         return _package_dir(src.split(":", 1)[1])
     local = expand_user(src)
@@ -52,6 +58,18 @@ def local_folder(spec: ModelRef, base_dir: Path) -> Path | None:
         return Path(snapshot_download(src, revision=spec.revision, local_files_only=True))
     except Exception:
         return None
+
+
+def gguf_file(spec: ModelRef, base_dir: Path) -> Path | None:
+    """The GGUF file a source names (a `.gguf` path, or a package holding one and no
+    transformers folder), or None for any other source. Nothing is imported."""
+    if spec.source.startswith("package:"):
+        module = spec.source.split(":", 1)[1]
+        if not _MODULE.fullmatch(module):
+            return None  # _package_dir names the problem
+        root = _locate_package(module)
+        return gguf.in_folder(root) if root is not None else None
+    return gguf.from_path(spec.source, base_dir)
 
 
 def expand_user(path: str) -> Path:
@@ -86,8 +104,11 @@ def missing_path_reason(path: Path) -> str:
     return f"'{path}' is not a folder"
 
 
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def _package_dir(module: str) -> Path:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", module):
+    if not _MODULE.fullmatch(module):
         raise ModelSourceError(f"model.source: 'package:{module}' does not name a Python module (package:MODULE)")
     root = _locate_package(module)
     if root is None:

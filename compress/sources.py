@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from compress.errors import ModelSourceError
-from compress.peek import expand_user, folder_format, local_folder, missing_path_reason, safetensors_shapes
+from compress import gguf
+from compress.peek import expand_user, folder_format, gguf_file, local_folder, missing_path_reason, safetensors_shapes
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.recipe import ModelSpec
@@ -62,8 +63,12 @@ def fingerprint_files(folder: Path, suffixes: tuple[str, ...] | None = None) -> 
     return h.hexdigest()
 
 
-def resolve_model(spec: "ModelSpec", base_dir: Path) -> ResolvedModel:
-    """Find the model's folder, downloading from the hub only when online."""
+def resolve_model(spec: "ModelSpec", base_dir: Path, log=lambda m: None) -> ResolvedModel:
+    """Find the model's folder, downloading from the hub only when online. A GGUF source
+    is converted once to a cached transformers folder (compress/gguf.py)."""
+    file = gguf_file(spec, base_dir)
+    if file is not None:
+        return _resolve_gguf(spec, file, log)
     folder = local_folder(spec, base_dir)
     origin = "local"
     if spec.source.startswith("package:"):
@@ -89,6 +94,18 @@ def resolve_model(spec: "ModelSpec", base_dir: Path) -> ResolvedModel:
         origin = "hub cache"
     fmt = folder_format(folder)
     return ResolvedModel(folder, fmt, fingerprint_files(folder, WEIGHT_SUFFIXES), origin)
+
+
+def _resolve_gguf(spec: "ModelSpec", file: Path, log) -> ResolvedModel:
+    done = gguf.convert(file, log)
+    where = f"package {spec.source.split(':', 1)[1]}" if spec.source.startswith("package:") else "local"
+    origin = f"{where}, GGUF {file.name} converted to fp32"
+    if done.caveat:
+        origin += f" ({done.caveat})"
+    # The converted folder is ours and written once: the GGUF file's hash (with the
+    # transformers version that converted it) names its content without hashing 0.5 GB.
+    info = (done.path / gguf.SOURCE_FILE).read_bytes()
+    return ResolvedModel(done.path, folder_format(done.path), hashlib.sha256(info).hexdigest(), origin)
 
 
 # ---------------------------------------------------------------------------------------

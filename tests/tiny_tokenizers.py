@@ -79,3 +79,49 @@ def tiny_model(folder: Path, model_type: str, max_position_embeddings: int = 130
     getattr(transformers, model_cls)(cfg).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def causal_tokenizer(vocab_size: int = 300):
+    """A byte-level BPE tokenizer as causal LMs use (GPT-2, SmolLM2): eos <|im_end|>, bos
+    <|endoftext|> (not prepended), no pad token, a ChatML chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus(), trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                   unk_token="<|endoftext|>", chat_template=CHATML)
+
+
+def tiny_causal(folder: Path, family: str = "llama", tie: bool = True) -> Path:
+    """A random tiny causal LM (`llama` or `qwen2`) with causal_tokenizer, saved in `folder`.
+    Qwen2 rather than GPT-2 as the second family: GPT-2's projections are Conv1D modules,
+    which no Linear quantizer touches; Qwen2 adds q/k/v biases to Llama's layout."""
+    import torch
+    import transformers
+
+    tok = causal_tokenizer()
+    torch.manual_seed(0)
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    vocab = -(-len(tok) // 16) * 16  # padded as real vocabularies are (torch's CPU INT4 packing needs it)
+    if family == "llama":
+        cfg = transformers.LlamaConfig(
+            vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tie, **ids)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        cfg = transformers.Qwen2Config(
+            vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tie, **ids)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -86,17 +86,24 @@ def save(model, layers: dict[str, str], fp32_layers: list[str], folder: Path) ->
     (folder / SPEC_FILE).write_text(json.dumps({"layers": layers, "fp32_layers": fp32_layers}, indent=1))
 
 
-def load_model(folder: Path, trust_remote_code: bool = False):
+def load_model(folder: Path, trust_remote_code: bool = False, causal: bool = False):
+    """The model of a torch_int8 folder (a sequence classifier, or a causal LM when
+    `causal`), and its quantization.json."""
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     spec = json.loads((folder / SPEC_FILE).read_text())
     layers: dict[str, str] = spec["layers"]
-    model = AutoModelForSequenceClassification.from_config(
-        AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code))
+    auto = AutoModelForCausalLM if causal else AutoModelForSequenceClassification
+    model = auto.from_config(AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code))
     missing, unexpected = model.load_state_dict(load_file(str(folder / FP32_FILE)), strict=False)
     expected_missing = {k for k in model.state_dict() if any(k.startswith(n + ".") for n in layers)}
+    # Tied weights (a causal LM's lm_head and its embedding) are stored once (see save):
+    # a key is there when any key sharing its storage in the rebuilt model was loaded.
+    state = model.state_dict()
+    loaded = {state[k].data_ptr() for k in state if k not in missing}
+    expected_missing |= {k for k in missing if state[k].data_ptr() in loaded}
     if unexpected or set(missing) - expected_missing:
         raise ValueError(f"{folder}: weights do not match the config (missing {sorted(set(missing) - expected_missing)[:3]}, unexpected {unexpected[:3]})")
     model.eval()
@@ -114,6 +121,13 @@ def load_model(folder: Path, trust_remote_code: bool = False):
     return model, spec
 
 
+def _int8_numel(model, layers) -> int:
+    """Weights and biases held by the dynamic INT8 layers (they are not nn.Parameters)."""
+    modules = dict(model.named_modules())
+    return sum(modules[n].weight().numel() + (modules[n].bias().numel() if modules[n].bias() is not None else 0)
+               for n in layers)
+
+
 def load(path: Path, device: str, threads: int, options: dict):
     from transformers import AutoTokenizer
 
@@ -125,10 +139,30 @@ def load(path: Path, device: str, threads: int, options: dict):
     model, spec = load_model(path, trust)
     pred = TorchPredictor(path, model, AutoTokenizer.from_pretrained(path, trust_remote_code=trust), "cpu")
     n_fp32 = sum(p.numel() for p in model.parameters())
-    modules = dict(model.named_modules())
-    n_int8 = sum(modules[n].weight().numel() + (modules[n].bias().numel() if modules[n].bias() is not None else 0) for n in spec["layers"])
+    n_int8 = _int8_numel(model, spec["layers"])
     pred.num_params = lambda: n_fp32 + n_int8  # type: ignore[method-assign]
     pred.memory_bytes = lambda: sum(p.numel() * p.element_size() for p in model.parameters()) + n_int8  # type: ignore[method-assign]
     if spec.get("fp32_layers"):
         pred.notes.append(f"{len(spec['fp32_layers'])} Linear layers kept in fp32")
+    return pred
+
+
+def load_causal(path: Path, device: str, threads: int, options: dict):
+    """A torch_int8 folder holding a causal LM -> compress.formats.causal.TorchCausal."""
+    from transformers import AutoTokenizer
+
+    from compress.formats.causal import TorchCausal
+
+    if device != "cpu":
+        raise RuntimeError("torch dynamic INT8 runs on the CPU only (no CUDA kernels)")
+    trust = bool(options.get("trust_remote_code", False))
+    model, spec = load_model(path, trust, causal=True)
+    pred = TorchCausal(path, model, AutoTokenizer.from_pretrained(path, trust_remote_code=trust), "cpu")
+    n_fp32 = sum(p.numel() for p in model.parameters())
+    n_int8 = _int8_numel(model, spec["layers"])
+    pred.num_params = lambda: n_fp32 + n_int8  # type: ignore[method-assign]
+    # INT8 weights take a byte each; parameters() holds only what stayed in fp32.
+    pred.memory_bytes = lambda: sum(p.numel() * p.element_size() for p in model.parameters()) + n_int8  # type: ignore[method-assign]
+    if spec.get("fp32_layers"):
+        pred.notes.append(f"{len(spec['fp32_layers'])} Linear layers kept in fp32 ({', '.join(spec['fp32_layers'][:3])})")
     return pred

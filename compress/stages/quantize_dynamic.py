@@ -6,6 +6,10 @@ Linear layer costs more accuracy than allowed on a calibration slice of the trai
 data (never the eval split), the layers whose quantization hurts the logits most are
 put back to fp32, one at a time, until the drop is within the target. Which layers stayed
 fp32 is recorded in the result.
+
+A causal LM (task `causal-lm`) has no labelled calibration slice: every Linear layer is
+quantized (mode `all`), the `keep_fp32` patterns aside; the tied lm_head is quantized too
+(it gets an INT8 copy of the embedding matrix, which stays fp32 for the lookups).
 """
 
 from __future__ import annotations
@@ -56,7 +60,13 @@ class Result(StageResult):
     calibration: dict  # accuracies on the calibration slice
 
 
+def is_causal(ctx) -> bool:
+    return getattr(ctx.recipe, "task", None) == "causal-lm"
+
+
 def run(ctx) -> Result:
+    if is_causal(ctx):
+        return _run_causal(ctx)
     import copy
 
     import torch
@@ -127,6 +137,45 @@ def run(ctx) -> Result:
     )
 
 
+def _run_causal(ctx) -> Result:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from compress.formats import torch_int8
+
+    cfg: Config = ctx.config
+    if "mode" in cfg.model_fields_set and cfg.mode == "accuracy_aware":
+        raise ValueError("quantize_dynamic: mode accuracy_aware needs a labelled calibration slice, which a "
+                         "causal LM has not; use mode: all (and keep_fp32 for layers to leave in fp32)")
+    torch.set_num_threads(ctx.threads)
+    trust = ctx.recipe.model.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(ctx.input.path, trust_remote_code=trust)
+    model = AutoModelForCausalLM.from_pretrained(ctx.input.path, dtype=torch.float32, use_safetensors=True,
+                                                 trust_remote_code=trust).eval()
+    names = torch_int8.linear_layers(model)
+    fp32_layers = [n for n in names if any(fnmatch(n, p) for p in cfg.keep_fp32)]
+    layers = {n: cfg.scheme for n in names if n not in fp32_layers}
+    torch_int8.quantize(model, layers)
+    model.config.save_pretrained(ctx.out)
+    try:
+        GenerationConfig.from_pretrained(ctx.input.path).save_pretrained(ctx.out)
+    except OSError:  # a folder without generation_config.json: transformers derives one from config.json
+        pass
+    tokenizer.save_pretrained(ctx.out)
+    torch_int8.save(model, layers, fp32_layers, ctx.out)
+    ctx.log(f"  {len(layers)} Linear layers INT8 ({cfg.scheme}), {len(fp32_layers)} kept fp32")
+    return Result(format="torch_int8", scheme=cfg.scheme, quantized_layers=len(layers), fp32_layers=fp32_layers,
+                  calibration={}, notes=["causal LM: every Linear layer quantized (no accuracy-aware fallback)"])
+
+
+def _check_model(cfg: Config, config: dict) -> str | None:
+    archs = config.get("architectures") or []
+    causal = isinstance(archs, list) and any(str(a).endswith("ForCausalLM") for a in archs)
+    if causal and "mode" in cfg.model_fields_set and cfg.mode == "accuracy_aware":
+        return "mode: accuracy_aware needs a labelled calibration slice, which a causal LM has not; use mode: all"
+    return None
+
+
 def _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg: Config, quantized, on_layer=None) -> list[str]:
     """Layers ordered by how much quantizing each one alone moves the logits:
     mean KL(p_fp32 || p_int8) over `sensitivity_examples` calibration examples.
@@ -162,4 +211,6 @@ KIND = StageKind(
     accepts=("hf",),
     produces="torch_int8",
     budget_keys=("max_accuracy_drop",),
+    check_model=_check_model,
+    tasks=("sequence-classification", "causal-lm"),
 )
