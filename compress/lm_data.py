@@ -47,6 +47,36 @@ class LMEvalSet(BaseModel):
     def of(self, name: str) -> list[dict[str, Any]]:
         return [r for r in self.rows if r["eval"] == name]
 
+    # What the runner, the stages and the benchmark read of a run's data (compress.data.Data
+    # for classifiers): the eval rows and their fingerprint; stages see the timing prompts.
+    @property
+    def eval(self) -> "LMEvalSet":
+        return self
+
+    @property
+    def eval_fingerprint(self) -> str:
+        return self.fingerprint
+
+    @property
+    def train_fingerprint(self) -> str:
+        """What a stage's output may depend on (its parity prompts): the timing prompts only,
+        so that changing what is scored re-measures every variant but rebuilds none."""
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(self.prompts, ensure_ascii=False).encode()).hexdigest()
+
+    @property
+    def prompts(self) -> list[str]:
+        """Real prompts (chat-formatted by the model's template at use): parity checks and timing."""
+        return [r["prompt"] for r in self.rows if r["eval"] == "prompt"]
+
+    id2label: None = None  # no classes
+
+    def summary(self) -> str:
+        parts = [f"{name} {info.get('items', '?')} items" for name, info in self.sources.items()]
+        return ", ".join(parts)
+
 
 def _file(base_dir: Path, rel: str, key: str, name: str = "") -> Path:
     path = (base_dir / rel / name) if name else (base_dir / rel)

@@ -21,9 +21,9 @@ LAYERS: dict[int, tuple[str, ...]] = {
     0: ("compress", "compress.errors", "compress.console", "compress.manifest", "compress.architectures",
         "compress.registry", "compress.tasks", "compress.stats"),
     # schema: the recipe, and facts read from a model's files without loading it
-    1: ("compress.recipe", "compress.peek", "compress.lm_records"),
+    1: ("compress.recipe", "compress.peek", "compress.lm_records", "compress.gguf"),
     # sources and data
-    2: ("compress.sources", "compress.data", "compress.artifacts", "compress.context", "compress.lm_data", "compress.gguf"),
+    2: ("compress.sources", "compress.data", "compress.artifacts", "compress.context", "compress.lm_data"),
     # techniques and formats
     3: ("compress.formats", "compress.formats.*", "compress.train", "compress.distillation", "compress.parity",
         "compress.predict", "compress.tasks.*", "compress.lm_export", "compress.lm_bench", "compress.memory_plan"),

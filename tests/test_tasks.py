@@ -18,9 +18,14 @@ def test_the_catalogue_is_data_and_imports_an_implementation_on_first_use():
             "assert 'compress.tasks.classification' in sys.modules and task.name == t.DEFAULT_TASK\n"
             "assert 'torch' not in sys.modules and 'sklearn' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
-    assert set(TASKS) == {"sequence-classification"} and DEFAULT_TASK in TASKS
-    with pytest.raises(KeyError, match="unknown task 'causal-lm'; valid: sequence-classification"):
-        get_task("causal-lm")
+    assert set(TASKS) == {"sequence-classification", "causal-lm"} and DEFAULT_TASK in TASKS
+    with pytest.raises(KeyError, match="unknown task 'summarization'; valid: causal-lm, sequence-classification"):
+        get_task("summarization")
+    code = ("import sys, compress.tasks as t\n"
+            "task = t.get_task('causal-lm')\n"
+            "assert task.name == 'causal-lm' and task.metric.name == 'perplexity' and task.metric.direction == 'lower'\n"
+            "assert 'torch' not in sys.modules and 'onnxruntime' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
 
 
 def test_classification_names_its_metric_and_its_columns():

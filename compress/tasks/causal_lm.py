@@ -291,6 +291,15 @@ class CausalLMTask(Task):
         return LMFigures(evals=evals, generation=generation, ttft_ms=ttft, tpot_ms=tpot, greedy_tokens=tokens,
                          memory_plan=plan, peak_rss_bytes=peak_rss_bytes())
 
+    def read_eval(self, rows: list[dict]) -> tuple[list[dict], np.ndarray]:
+        """(rows, no targets): what a causal LM is scored against lives in the rows."""
+        return rows, np.zeros(0)
+
+    def measurement_scores(self, measurement: Any, targets: np.ndarray) -> np.ndarray:
+        """Per-window mean NLL [W] of the perplexity eval: what the paired bootstrap resamples."""
+        ppl = next(e for e in measurement.lm.evals if e.name == "perplexity")
+        return np.asarray(ppl.scores, dtype=np.float64)
+
     delta = staticmethod(delta)
     interval = staticmethod(interval)
     points_interval = staticmethod(points_interval)
