@@ -237,8 +237,8 @@ def _resample(n: int, samples: int, seed: int) -> np.ndarray:
 
 def interval(base_scores: list[float], scores: list[float], samples: int = 2000, seed: int = 0) -> tuple[float, float]:
     """95% paired bootstrap interval of the relative perplexity increase (percent), resampling
-    windows: 100 (exp(mean(nll_variant - nll_base)) - 1) per resample. With windows of equal
-    token counts, the point value lies within it."""
+    windows: 100 (exp(mean(nll_variant - nll_base)) - 1) per resample (windows of equal token
+    counts weigh alike, as in the point figure; the last, shorter window is weighed as the others)."""
     d = np.asarray(scores, dtype=float) - np.asarray(base_scores, dtype=float)  # [W]
     r = 100.0 * (np.exp(d[_resample(d.size, samples, seed)].mean(1)) - 1.0)
     return float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))
