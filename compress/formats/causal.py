@@ -114,6 +114,10 @@ class TorchCausal(CausalLM):
         self.tokenizer = tokenizer
         self.config = model.config
         self.device = device
+        import inspect
+
+        takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._keep_last = {"logits_to_keep": 1} if takes else {}
 
     def _t(self, a: np.ndarray):
         return self._torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
@@ -133,7 +137,10 @@ class TorchCausal(CausalLM):
         # Left padding: a row's positions count from its first real token.
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
-            out = self.model(input_ids=self._t(input_ids), attention_mask=mask, position_ids=pos, use_cache=True)
+            # logits_to_keep=1: only the last column is read, so no [B, T, V] logits are built
+            # (at V = 49,152 a batch of 16 prompts of 256 tokens would take 0.8 GB).
+            out = self.model(input_ids=self._t(input_ids), attention_mask=mask, position_ids=pos, use_cache=True,
+                             **self._keep_last)
         state = (out.past_key_values, mask, pos[:, -1:])
         return out.logits[:, -1].float().cpu().numpy(), state
 
