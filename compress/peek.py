@@ -160,6 +160,11 @@ def _locate_package(module: str) -> Path | None:
 # config.json and tokenizer.json
 
 
+def is_causal_lm(architecture: str) -> bool:
+    """A transformers class name of a causal language model (LlamaForCausalLM, GPT2LMHeadModel)."""
+    return architecture.endswith(("ForCausalLM", "LMHeadModel"))
+
+
 def folder_format(folder: Path) -> str:
     """`hf` for a model folder whose config.json names a sequence-classification class, else
     `checkpoint`; ModelSourceError naming the file when config.json is missing or malformed."""

@@ -27,7 +27,7 @@ RESERVED_IDS = {MODEL_ID, "bench", "reports"}
 # so named cannot be created there, or writes to the device.
 WINDOWS_DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; a bigger file is not one
-BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade")
+BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade", "torchao", "genai")
 # Why a format cannot go further down a chain, added to "takes X, but Y gives Z" errors.
 FORMAT_HINTS: dict[str, str] = {
     "bnb_4bit": "a bitsandbytes 4-bit model is an end point: its packed 4-bit weights have no ONNX "
@@ -581,6 +581,12 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
     return recipe
 
 
+def causal_format(fmt: str) -> str:
+    """A causal-LM recipe's model is a transformers folder with its language-model head: the
+    `hf` format, although it has no classification head (which `checkpoint` means)."""
+    return "hf" if fmt == "checkpoint" else fmt
+
+
 def gpu_present() -> bool:
     """Whether this machine may have a CUDA GPU, decided without importing torch (validation
     stays fast): an NVIDIA device node, unless CUDA_VISIBLE_DEVICES hides every device. Errs
@@ -631,6 +637,13 @@ def _check_graph(recipe: Recipe, where: str) -> None:
         model_format = peek.peek_model_format(recipe.model, recipe.base_dir)  # None when unknown offline
     except ModelSourceError as exc:  # named as the recipe's key, like every other recipe error
         raise RecipeError(where, "model.source", str(exc).removeprefix("model.source: "))
+    if recipe.is_causal and model_format is not None:
+        config = peek.peek_model_config(recipe.model, recipe.base_dir) or {}
+        archs = config.get("architectures") or []
+        if archs and not any(peek.is_causal_lm(a) for a in archs):
+            raise RecipeError(where, "model.source", f"{', '.join(map(str, archs))} is not a causal language model "
+                              f"(task causal-lm takes a ...ForCausalLM or ...LMHeadModel)")
+        model_format = causal_format(model_format)
 
     def output_format(ref: str) -> Format | None:
         if ref == MODEL_ID:

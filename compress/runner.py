@@ -22,7 +22,7 @@ from compress.console import heartbeat, quiet_libraries, stamped
 from compress.console import log as default_log
 from compress.errors import ArtifactError, StageError
 from compress.plan import Plan, Step, build_plan, resolve_models
-from compress.recipe import MODEL_ID, Recipe
+from compress.recipe import MODEL_ID, Recipe, causal_format
 from compress.registry import StageResult, get_stage  # looked up here at run time (tests swap a kind in)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -257,7 +257,8 @@ class Executor:
 
     def run(self) -> dict[str, Artifact]:
         m = self.model
-        self.artifacts[MODEL_ID] = Artifact(MODEL_ID, m.path, m.format, m.fingerprint)
+        fmt = causal_format(m.format) if self.recipe.is_causal else m.format
+        self.artifacts[MODEL_ID] = Artifact(MODEL_ID, m.path, fmt, m.fingerprint)
         for step in self.plan.steps:
             models = resolve_models(step, self.recipe.base_dir) if step.models else None
             fp = self.plan.fingerprint(step, self.artifacts, self.data.train_fingerprint, models)
