@@ -29,11 +29,6 @@ SUFFIX = ".gguf"
 CACHE_ENV = "COMPRESS_GGUF_CACHE"  # folder of converted models; default ~/.cache/compress/gguf
 SOURCE_FILE = "gguf_source.json"  # written last into a converted folder: what it came from
 
-# llama.cpp's general.file_type codes (gguf.LlamaFileType) that name a 4-bit or lower grid.
-_FILE_TYPE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q4_K_S": 4, "Q4_K_M": 4, "IQ4_NL": 4, "IQ4_XS": 4,
-                   "Q3_K": 3, "Q3_K_S": 3, "Q3_K_M": 3, "Q3_K_L": 3, "Q2_K": 2, "IQ2_XXS": 2, "IQ3_XXS": 3}
-
-
 @dataclass(frozen=True)
 class Converted:
     """A GGUF file converted to a transformers folder."""
@@ -50,7 +45,8 @@ class Converted:
         if self.quantization in ("F32", "F16", "BF16", ""):
             return ""
         counts = ", ".join(f"{n} {t}" for t, n in sorted(self.tensor_types.items(), key=lambda kv: -kv[1]))
-        return (f"weights dequantized to fp32 from the GGUF's {self.quantization} grid ({counts} tensors): "
+        grid = f"{bits(self.quantization)}-bit {self.quantization}" if bits(self.quantization) else self.quantization
+        return (f"weights dequantized to fp32 from the GGUF's {grid} grid ({counts} tensors): "
                 f"the fp32 baseline already carries that quantization's error")
 
 
@@ -191,12 +187,10 @@ def _dominant(types: dict[str, int]) -> str:
 
 
 def bits(quantization: str) -> int | None:
-    """Bits per weight of a GGUF type name (Q4_1 -> 4), None when it is not a low-bit grid."""
-    if quantization in _FILE_TYPE_BITS:
-        return _FILE_TYPE_BITS[quantization]
-    if quantization.startswith(("Q", "IQ")) and quantization.lstrip("IQ")[:1].isdigit():
-        return int(quantization.lstrip("IQ")[0])
-    return None
+    """Bits per weight of a GGUF integer grid's name (Q4_1, Q4_K, IQ4_XS -> 4; Q8_0 -> 8), None
+    for a float type (F32, F16, BF16)."""
+    digits = quantization.removeprefix("I").removeprefix("Q") if quantization.startswith(("Q", "IQ")) else ""
+    return int(digits[0]) if digits[:1].isdigit() else None
 
 
 def _sha256(path: Path) -> str:

@@ -108,7 +108,7 @@ def test_package_gguf_is_converted_once_with_its_tokens_and_template(tmp_path, m
     first = resolve_model(spec, tmp_path, log=logs.append)
     assert any("converting tiny.Q4_1.gguf" in m for m in logs)
     assert first.path.parent == cache and (first.path / "model.safetensors").is_file()
-    assert "package tiny_gguf_pkg" in first.origin and "Q4_1" in first.origin and "dequantized" in first.origin
+    assert "package tiny_gguf_pkg" in first.origin and "dequantized to fp32 from the GGUF's 4-bit Q4_1 grid" in first.origin
     assert local_folder(spec, tmp_path) == first.path  # validation now reads the converted config
     logs.clear()
     again = resolve_model(spec, tmp_path, log=logs.append)
@@ -159,7 +159,7 @@ def test_a_killed_conversion_leaves_no_folder_that_looks_done(tmp_path, monkeypa
 
 
 def test_bits_of_gguf_types():
-    assert gguf.bits("Q4_1") == 4 and gguf.bits("Q8_0") == 8 and gguf.bits("F32") is None
+    assert gguf.bits("Q4_1") == 4 and gguf.bits("Q8_0") == 8 and gguf.bits("IQ4_XS") == 4 and gguf.bits("F32") is None
 
 
 @pytest.mark.integration

@@ -8,8 +8,8 @@ put back to fp32, one at a time, until the drop is within the target. Which laye
 fp32 is recorded in the result.
 
 A causal LM (task `causal-lm`) has no labelled calibration slice: every Linear layer is
-quantized (mode `all`), the `keep_fp32` patterns aside; the tied lm_head is quantized too
-(it gets an INT8 copy of the embedding matrix, which stays fp32 for the lookups).
+quantized (mode `all`) except the `keep_fp32` patterns, which default for a causal LM to
+CAUSAL_KEEP_FP32 (see there why).
 """
 
 from __future__ import annotations
@@ -58,6 +58,15 @@ class Result(StageResult):
     quantized_layers: int
     fp32_layers: list[str]
     calibration: dict  # accuracies on the calibration slice
+
+
+# A causal LM's default fp32 layers, measured on SmolLM2-135M (wikitext-2, one 512-token
+# window, fp32 perplexity 20.3): every Linear INT8 gives 56.3; the MLP's down projections
+# kept fp32 give 25.3 (o_proj kept: 51.7, up_proj kept: 49.5). Their input, SiLU(gate) * up
+# [B, T, intermediate], has outlier channels that one dynamic scale per tensor cannot cover.
+# A tied lm_head kept fp32 is stored once with the embedding (29 MB less on disk than its
+# INT8 copy, on four windows perplexity 88 against 94 with it INT8).
+CAUSAL_KEEP_FP32 = ["*.mlp.down_proj"]
 
 
 def is_causal(ctx) -> bool:
@@ -153,7 +162,12 @@ def _run_causal(ctx) -> Result:
     model = AutoModelForCausalLM.from_pretrained(ctx.input.path, dtype=torch.float32, use_safetensors=True,
                                                  trust_remote_code=trust).eval()
     names = torch_int8.linear_layers(model)
-    fp32_layers = [n for n in names if any(fnmatch(n, p) for p in cfg.keep_fp32)]
+    keep = cfg.keep_fp32
+    if "keep_fp32" not in cfg.model_fields_set:
+        tied = model.get_output_embeddings() is not None and \
+            model.get_output_embeddings().weight is model.get_input_embeddings().weight
+        keep = CAUSAL_KEEP_FP32 + (["lm_head"] if tied else [])
+    fp32_layers = [n for n in names if any(fnmatch(n, p) for p in keep)]
     layers = {n: cfg.scheme for n in names if n not in fp32_layers}
     torch_int8.quantize(model, layers)
     model.config.save_pretrained(ctx.out)
@@ -165,7 +179,7 @@ def _run_causal(ctx) -> Result:
     torch_int8.save(model, layers, fp32_layers, ctx.out)
     ctx.log(f"  {len(layers)} Linear layers INT8 ({cfg.scheme}), {len(fp32_layers)} kept fp32")
     return Result(format="torch_int8", scheme=cfg.scheme, quantized_layers=len(layers), fp32_layers=fp32_layers,
-                  calibration={}, notes=["causal LM: every Linear layer quantized (no accuracy-aware fallback)"])
+                  calibration={}, notes=[f"causal LM: no accuracy-aware fallback; fp32 layers by pattern: {', '.join(keep) or 'none'}"])
 
 
 def _check_model(cfg: Config, config: dict) -> str | None:

@@ -49,7 +49,7 @@ def _compare(pred, fp32, tol):
 
 def test_dynamic_int8_of_a_causal_lm_round_trips(tiny, tmp_path):
     out = tmp_path / "int8"
-    result = get_stage("quantize_dynamic").run(causal_ctx(get_stage("quantize_dynamic"), tiny, out))
+    result = get_stage("quantize_dynamic").run(causal_ctx(get_stage("quantize_dynamic"), tiny, out, keep_fp32=[]))
     assert result.format == "torch_int8" and result.fp32_layers == [] and result.quantized_layers == 15  # 2 x 7 + lm_head
     pred = torch_int8.load_causal(out, "cpu", 1, {})
     fp32 = causal.load_hf(tiny, "cpu", 1, {})
@@ -63,11 +63,11 @@ def test_dynamic_int8_of_a_causal_lm_round_trips(tiny, tmp_path):
     assert pred.memory_bytes() < fp32.memory_bytes()
 
 
-def test_dynamic_int8_keeps_the_tied_head_in_fp32_when_asked(tiny, tmp_path):
+def test_dynamic_int8_keeps_down_projections_and_the_tied_head_fp32_by_default(tiny, tmp_path):
     out = tmp_path / "int8"
     kind = get_stage("quantize_dynamic")
-    result = kind.run(causal_ctx(kind, tiny, out, mode="all", keep_fp32=["lm_head"]))
-    assert result.fp32_layers == ["lm_head"]
+    result = kind.run(causal_ctx(kind, tiny, out, mode="all"))
+    assert result.fp32_layers == ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj", "lm_head"]
     pred = torch_int8.load_causal(out, "cpu", 1, {})
     # Stored once, tied again on load.
     assert pred.model.lm_head.weight.data_ptr() == pred.model.get_input_embeddings().weight.data_ptr()
