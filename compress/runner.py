@@ -62,7 +62,7 @@ def run_recipe(
     with role.lock(run_dir):
         store = ArtifactStore(run_dir)
         role.prepare(store)
-        model = resolve_model(recipe.model, recipe.base_dir)
+        model = resolve_model(recipe.model, recipe.base_dir, log=log)
         log(f"model: {recipe.model.source} ({model.format}, {model.origin})")
         head = _check_model_against_recipe(recipe, model)
         if recipe.lm is not None:

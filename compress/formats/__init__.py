@@ -51,7 +51,7 @@ RUNTIMES = {
 NON_MODEL_FILES = {
     "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
     "merges.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model", "added_tokens.json",
-    "result.json", "_complete.json", "ort_config.json", "teacher_logits.npy", "README.md",
+    "result.json", "_complete.json", "gguf_source.json", "ort_config.json", "teacher_logits.npy", "README.md",
 }
 
 
