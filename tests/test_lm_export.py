@@ -1,0 +1,178 @@
+"""compress.lm_export on tiny random causal LMs built from configs (Llama, and Qwen2 as a
+second family): export with a KV cache, greedy parity against torch, INT4 and INT8."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WORDS = ("the a an of to and in is was it that for on with as by at from this be are were "
+         "cat dog sea sun moon tree house river city book music food water time day night year "
+         "good bad new old big small long short red blue green happy sad fast slow").split()
+
+
+def causal_tokenizer():
+    """A WordLevel tokenizer over a small English vocabulary, with bos/eos/pad and a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(set(WORDS)) + list("?!.,:"))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
+    fast.chat_template = ("{% for m in messages %}<s> {{ m['content'] }} </s>{% endfor %}"
+                          "{% if add_generation_prompt %} <s>{% endif %}")
+    return fast
+
+
+def tiny_causal(folder: Path, family: str = "llama", seed: int = 0) -> Path:
+    """A random tiny causal LM of `family` (llama: tied embeddings; qwen2: untied) with the
+    tokenizer above, saved in `folder`."""
+    import torch
+    import transformers
+
+    tok = causal_tokenizer()
+    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    if family == "llama":
+        cfg = transformers.LlamaConfig(tie_word_embeddings=True, **common)
+        cls = transformers.LlamaForCausalLM
+    else:
+        cfg = transformers.Qwen2Config(tie_word_embeddings=False, **common)
+        cls = transformers.Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # larger weights than the init's 0.02: logits with clear winners
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny_lm(request, tmp_path_factory) -> Path:
+    return tiny_causal(tmp_path_factory.mktemp(f"tiny_{request.param}"), request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_onnx(tiny_lm, tmp_path_factory) -> Path:
+    from compress import lm_export
+
+    out = tmp_path_factory.mktemp("onnx")
+    lm_export.export(tiny_lm, out)
+    return out
+
+
+def _loaders(hf_dir, onnx_dir):
+    from compress.formats import causal, causal_onnx
+
+    return causal.load_hf(hf_dir, "cpu", 1, {}), causal_onnx.load(onnx_dir, "cpu", 1, {})
+
+
+def test_export_writes_kv_cache_graph_and_side_files(tiny_lm, tiny_lm_onnx):
+    import onnx
+
+    files = {p.name for p in tiny_lm_onnx.iterdir()}
+    assert {"model.onnx", "config.json", "generation_config.json", "tokenizer.json"} <= files
+    assert not any(f.endswith(".safetensors") for f in files)
+    graph = onnx.load(str(tiny_lm_onnx / "model.onnx"), load_external_data=False).graph
+    names = [i.name for i in graph.input]
+    assert "past_key_values.1.value" in names and "present.1.value" in [o.name for o in graph.output]
+
+
+def test_parity_identical_and_max_diff_small(tiny_lm, tiny_lm_onnx):
+    from compress import lm_export
+
+    ref, cand = _loaders(tiny_lm, tiny_lm_onnx)
+    prompts = lm_export.tokenizer_prompts(ref.tokenizer, 6)
+    assert len({tuple(p) for p in prompts}) == 6
+    result = lm_export.parity(ref, cand, prompts, new_tokens=8, batch_size=3)
+    assert result["identical"] == 6 and result["token_agreement"] == 100.0 and result["first_mismatch"] is None
+    assert 0 < result["max_abs_diff"] < 1e-3
+
+
+def test_parity_reports_a_drifting_candidate(tiny_lm, tiny_lm_onnx):
+    from compress import lm_export
+
+    ref, cand = _loaders(tiny_lm, tiny_lm_onnx)
+    start = cand.start
+
+    def shifted(ids, mask):  # a candidate whose first token is always another one
+        logits, state = start(ids, mask)
+        logits = logits.copy()
+        logits[:, 5] = logits.max(-1) + 1.0
+        return logits, state
+
+    cand.start = shifted
+    prompts = lm_export.tokenizer_prompts(ref.tokenizer, 3)
+    result = lm_export.parity(ref, cand, prompts, new_tokens=4)
+    assert result["identical"] < 3 and result["first_mismatch"] is not None
+    assert result["max_abs_diff"] > 1.0
+
+
+def test_untie_lm_head_makes_a_constant_weight(tiny_lm, tiny_lm_onnx):
+    import onnx
+
+    from compress import lm_export
+
+    model = onnx.load(str(tiny_lm_onnx / "model.onnx"))
+    before = [n for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in {t.name for t in model.graph.initializer}]
+    untied = lm_export.untie_lm_head(model)
+    tied = "llama" in tiny_lm.name
+    assert bool(untied) == tied == bool(before)
+    inits = {t.name for t in model.graph.initializer}
+    head = [n for n in model.graph.node if n.op_type == "MatMul" and n.output[0] == "logits"]
+    assert head and head[0].input[1] in inits
+
+
+@pytest.mark.parametrize("algorithm", ["rtn", "hqq"])
+def test_int4_quantizes_every_matmul_embedding_and_head(tiny_lm, tiny_lm_onnx, tmp_path, algorithm):
+    from compress import lm_export
+    from compress.formats import causal
+
+    out = tmp_path / "int4"
+    rec = lm_export.quantize_int4(tiny_lm_onnx, out, algorithm=algorithm, block_size=32)
+    ops = rec["operators"]
+    # Every MatMul with a constant weight: q k v o gate up down per layer, and the head (the
+    # MatMuls left are attention's, activation by activation).
+    assert ops["MatMulNBits"] == 2 * 7 + 1, ops
+    assert ops["GatherBlockQuantized"] == 1
+    assert rec["size_bytes"]["output"] < rec["size_bytes"]["input"] / 2  # the graph itself is most of a tiny model
+    assert {"tokenizer.json", "config.json", "generation_config.json"} <= {p.name for p in out.iterdir()}
+    ref, cand = _loaders(tiny_lm, out)
+    ids, mask = causal.right_pad(lm_export.tokenizer_prompts(ref.tokenizer, 4), 3)
+    a, b = ref.logprobs(ids, mask), cand.logprobs(ids, mask)
+    valid = mask[:, 1:].astype(bool)
+    assert np.isfinite(b[valid]).all()
+    # Random weights quantize badly; still the mean log-likelihood stays in the same range.
+    assert abs(a[valid].mean() - b[valid].mean()) < 0.5 * abs(a[valid].mean())
+    assert cand.num_params() == ref.num_params()
+
+
+def test_int4_without_embeddings_and_head_keeps_them(tiny_lm, tiny_lm_onnx, tmp_path):
+    from compress import lm_export
+
+    rec = lm_export.quantize_int4(tiny_lm_onnx, tmp_path / "q", embeddings=False, lm_head=False)
+    assert rec["operators"]["MatMulNBits"] == 14 and "GatherBlockQuantized" not in rec["operators"]
+    assert rec["untied"] == []
+
+
+def test_int8_dynamic_close_to_torch(tiny_lm, tiny_lm_onnx, tmp_path):
+    from compress import lm_export
+    from compress.formats import causal
+
+    rec = lm_export.quantize_int8(tiny_lm_onnx, tmp_path / "int8", per_channel=True)
+    assert rec["operators"]["MatMulInteger"] == 15
+    ref, cand = _loaders(tiny_lm, tmp_path / "int8")
+    ids, mask = causal.right_pad(lm_export.tokenizer_prompts(ref.tokenizer, 4), 3)
+    a, b = ref.logprobs(ids, mask), cand.logprobs(ids, mask)
+    valid = mask[:, 1:].astype(bool)
+    assert np.abs(a[valid] - b[valid]).mean() < 0.1
