@@ -176,3 +176,113 @@ def test_int8_dynamic_close_to_torch(tiny_lm, tiny_lm_onnx, tmp_path):
     a, b = ref.logprobs(ids, mask), cand.logprobs(ids, mask)
     valid = mask[:, 1:].astype(bool)
     assert np.abs(a[valid] - b[valid]).mean() < 0.1
+
+
+# --- the stages (run on their module's KIND: no recipe, no runner)
+
+
+def run_lm_stage(module: str, settings: dict, src: Path, fmt: str, out: Path, data=None):
+    import importlib
+    import shutil
+
+    from compress.artifacts import Artifact
+    from compress.context import StageContext
+
+    kind = importlib.import_module(f"compress.stages.{module}").KIND
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    logs: list[str] = []
+    ctx = StageContext(stage_id=module, config=kind.config.model_validate(settings), input=Artifact("input", src, fmt, "fp"),
+                       out=out, recipe=None, _data=(lambda: data) if data is not None else None, log=logs.append,
+                       threads=1)
+    result = kind.run(ctx)
+    assert result.format == kind.produces and logs
+    return kind.result.model_validate(result.model_dump())
+
+
+def test_export_stage_passes_parity(tiny_lm, tmp_path):
+    result = run_lm_stage("export_onnx_lm", {"parity_prompts": 6, "parity_new_tokens": 6}, tiny_lm, "hf", tmp_path / "o")
+    assert result.parity["identical"] == 6 and result.parity["max_abs_diff"] < 1e-3
+    assert "past_key_values.0.key" in result.inputs and result.opset >= 14
+    assert (tmp_path / "o" / "model.onnx").is_file()
+
+
+def test_export_stage_fails_in_one_line_on_drift(tiny_lm, tmp_path, monkeypatch):
+    from compress.errors import StageError
+    from compress.formats import causal_onnx
+
+    original = causal_onnx.OnnxCausal.step
+
+    def drifting(self, tokens, state):  # every decode step prefers token 4
+        logits, state = original(self, tokens, state)
+        logits = logits.copy()
+        logits[:, 4] += 100.0
+        return logits, state
+
+    monkeypatch.setattr(causal_onnx.OnnxCausal, "step", drifting)
+    with pytest.raises(StageError) as exc:
+        run_lm_stage("export_onnx_lm", {"parity_prompts": 3, "parity_new_tokens": 4}, tiny_lm, "hf", tmp_path / "o")
+    msg = str(exc.value)
+    assert "\n" not in msg and "0/3 prompts decode identically" in msg and "min_identical" in msg
+
+
+def test_export_stage_tolerance_limits_the_logit_difference(tiny_lm, tmp_path):
+    from compress.errors import StageError
+
+    with pytest.raises(StageError, match=r"tolerance 0\)"):
+        run_lm_stage("export_onnx_lm", {"parity_prompts": 2, "parity_new_tokens": 2, "tolerance": 0}, tiny_lm, "hf",
+                     tmp_path / "o")
+
+
+def test_export_stage_data_prompts(tiny_lm, tmp_path):
+    from compress.errors import StageError
+
+    class Prompts:
+        def prompts(self, n):
+            return ["the cat and the dog", "a big red house"][:n]
+
+    result = run_lm_stage("export_onnx_lm", {"parity_prompts": 2, "parity_new_tokens": 3, "prompt_source": "data"},
+                          tiny_lm, "hf", tmp_path / "o", data=Prompts())
+    assert result.parity["prompts"] == 2 and result.parity["identical"] == 2
+    with pytest.raises(StageError, match="prompt_source: tokenizer"):
+        run_lm_stage("export_onnx_lm", {"parity_prompts": 2, "prompt_source": "data"}, tiny_lm, "hf", tmp_path / "p",
+                     data=object())
+
+
+@pytest.mark.parametrize("settings", [{"bits": 4}, {"bits": 4, "algorithm": "hqq", "block_size": 16},
+                                      {"bits": 8, "per_channel": False}])
+def test_quantize_stage(tiny_lm_onnx, tmp_path, settings):
+    result = run_lm_stage("quantize_onnx_lm", {**settings, "parity_prompts": 3, "parity_new_tokens": 4}, tiny_lm_onnx,
+                          "onnx", tmp_path / "q")
+    assert result.bits == settings["bits"]
+    assert result.operators.get("MatMulNBits" if settings["bits"] == 4 else "MatMulInteger", 0) == 15
+    assert result.size_bytes["output"] < result.size_bytes["input"]
+    assert result.parity["prompts"] == 3 and 0 <= result.parity["token_agreement"] <= 100
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"bits": 8, "block_size": 64}, "block_size apply to bits 4 only"),
+    ({"bits": 8, "algorithm": "hqq", "accuracy_level": 0}, "algorithm, accuracy_level apply to bits 4 only"),
+    ({"per_channel": False}, "per_channel applies to bits 8 only"),
+    ({"algorithm": "hqq", "symmetric": False}, "symmetric applies to algorithm rtn only"),
+    ({"block_size": 48}, "block_size"),
+    ({"bits": 2}, "bits"),
+    ({"bogus": 1}, "bogus"),
+])
+def test_quantize_config_refuses_what_does_not_apply(settings, words):
+    from pydantic import ValidationError
+
+    from compress.stages.quantize_onnx_lm import Config
+
+    with pytest.raises(ValidationError, match=words):
+        Config.model_validate(settings)
+    assert Config.model_validate({"bits": 8}).per_channel and Config.model_validate({}).bits == 4
+
+
+def test_quantize_stage_refuses_a_quantized_input():
+    from compress.stages.quantize_onnx_lm import KIND
+
+    assert "already quantized" in KIND.check_input([("quantize_onnx_lm", None), ("export_onnx_lm", None)])
+    assert KIND.check_input([("export_onnx_lm", None), ("model", None)]) is None
+    assert KIND.tasks == ("causal-lm",)
