@@ -14,6 +14,7 @@ check that a stage is fed something it can take before any model loads:
 - `openvino`: an OpenVINO IR folder (model.xml + model.bin) with its tokenizer.
 - `bnb_4bit`: a bitsandbytes 4-bit model (loaded from an `hf` folder plus its settings).
 - `cascade`: two variants combined by a confidence threshold.
+- `genai`: an onnxruntime-genai folder (genai_config.json + model.onnx) with its tokenizer.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade"]
+Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade", "genai"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,9 @@ CATALOGUE: dict[str, str] = {
     "export_openvino": "compress.stages.export_openvino",
     "quantize_openvino": "compress.stages.quantize_openvino",
     "load_4bit": "compress.stages.load_4bit",
+    "export_onnx_lm": "compress.stages.export_onnx_lm",
+    "quantize_onnx_lm": "compress.stages.quantize_onnx_lm",
+    "export_genai": "compress.stages.export_genai",
 }
 
 # The kinds imported so far, by name. registry() returns this very dict once it holds the
