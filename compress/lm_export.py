@@ -183,15 +183,20 @@ def untie_lm_head(model) -> list[str]:
 
 def quantize_int4(src: Path, out: Path, *, algorithm: Literal["rtn", "hqq"] = "rtn", block_size: int = 32,
                   symmetric: bool = True, accuracy_level: int | None = 4, embeddings: bool = True,
-                  lm_head: bool = True, exclude: list[str] | None = None) -> dict:
-    """Weight-only INT4 of the graph in folder `src` into folder `out` with onnxruntime's
-    MatMulNBitsQuantizer: every constant MatMul weight -> MatMulNBits (4-bit blocks of
-    `block_size` along the input dimension, fp32 scales), and with `embeddings` the
-    embedding Gather -> GatherBlockQuantized. `lm_head` unties a tied output projection first
-    (see untie_lm_head) so it is quantized too. accuracy_level 4: the kernel quantizes
-    activations to INT8 per block and runs an INT8 dot product (the fast CPU path); None or 0:
-    fp32 activations. `hqq`: half-quadratic zero points and scales (MatMuls; the Gather is
-    then quantized round-to-nearest, HQQ has no Gather path). Returns what was done."""
+                  lm_head: bool = True, lm_head_bits: Literal[4, 8] | None = None, bits: Literal[4, 8] = 4,
+                  exclude: list[str] | None = None) -> dict:
+    """Weight-only quantization of the graph in folder `src` into folder `out` with
+    onnxruntime's MatMulNBitsQuantizer: every constant MatMul weight -> MatMulNBits (`bits`-bit
+    blocks of `block_size` along the input dimension, fp32 scales), and with `embeddings` the
+    embedding Gather -> GatherBlockQuantized (4-bit: the only width the quantizer has for it).
+    `lm_head` unties a tied output projection first (see untie_lm_head) so it is quantized
+    too, with `lm_head_bits` (None: `bits`; 8: the logits are the most sensitive product). accuracy_level 4:
+    the kernel quantizes activations to INT8 per block and runs an INT8 dot product (the fast
+    CPU path); None or 0: fp32 activations. `hqq`: half-quadratic scales and float zero points
+    (MatMuls; the Gather is then quantized round-to-nearest, HQQ has no Gather path). A model
+    whose weights came from a GGUF Q4_1 file sits on a grid of 32-weight blocks with a float
+    minimum: hqq with block 32 reproduces it almost exactly, an integer zero point cannot.
+    Returns what was done."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig, HQQWeightOnlyQuantConfig, MatMulNBitsQuantizer,
@@ -200,27 +205,35 @@ def quantize_int4(src: Path, out: Path, *, algorithm: Literal["rtn", "hqq"] = "r
     # The quantizer logs every node it visits (thousands of lines) and warns that it raises
     # the opset to 21 for the INT4 Gather (intended: GatherBlockQuantized needs it).
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
+    lm_head_bits = lm_head_bits or bits
     model = onnx.load(str(Path(src) / MODEL_FILE))
     untied = untie_lm_head(model) if lm_head else []
     exclude = list(exclude or [])
-    if not lm_head:
-        exclude += [n.name for n in model.graph.node if n.op_type == "MatMul" and "lm_head" in n.name]
+    heads = [n.name for n in model.graph.node if n.op_type == "MatMul" and "logits" in n.output]
+    body_exclude = exclude + (heads if (not lm_head or lm_head_bits != bits) else [])
+
+    def default(op_types, nbits):
+        return DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric, accuracy_level=accuracy_level,
+                                            op_types_to_quantize=op_types, bits=nbits)
+
+    # (config, nodes to exclude, nodes to include) per pass
+    passes = []
     if algorithm == "hqq":
-        steps = [HQQWeightOnlyQuantConfig(block_size=block_size, bits=4, op_types_to_quantize=("MatMul",))]
-        if embeddings:
-            steps.append(DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric,
-                                                      accuracy_level=accuracy_level, op_types_to_quantize=("Gather",)))
+        passes.append((HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits, op_types_to_quantize=("MatMul",)),
+                       body_exclude, None))
     else:
-        ops = ("MatMul", "Gather") if embeddings else ("MatMul",)
-        steps = [DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric,
-                                              accuracy_level=accuracy_level, op_types_to_quantize=ops)]
-    for algo in steps:
+        passes.append((default(("MatMul",), bits), body_exclude, None))
+    if lm_head and lm_head_bits != bits and heads:
+        passes.append((default(("MatMul",), lm_head_bits), exclude, heads))
+    if embeddings:
+        passes.append((default(("Gather",), 4), exclude, None))
+    for algo, skip, only in passes:
         q = MatMulNBitsQuantizer(model, block_size=block_size, is_symmetric=symmetric, accuracy_level=accuracy_level,
-                                 nodes_to_exclude=exclude, algo_config=algo)
+                                 nodes_to_exclude=skip, nodes_to_include=only, algo_config=algo)
         q.process()
         model = q.model.model
-    if algorithm == "hqq" and accuracy_level is not None:
-        # HQQ's config takes no accuracy level; set it on the nodes it wrote.
+    if accuracy_level is not None:
+        # HQQ's config takes no accuracy level; set it on every MatMulNBits.
         for n in model.graph.node:
             if n.op_type == "MatMulNBits":
                 attrs = [a for a in n.attribute if a.name == "accuracy_level"]

@@ -165,6 +165,29 @@ def test_int4_without_embeddings_and_head_keeps_them(tiny_lm, tiny_lm_onnx, tmp_
     assert rec["untied"] == []
 
 
+def test_weight_only_head_bits_and_int8(tiny_lm, tiny_lm_onnx, tmp_path):
+    import onnx
+
+    from compress import lm_export
+
+    def head_bits(folder):
+        graph = onnx.load(str(folder / "model.onnx")).graph
+        node = next(n for n in graph.node if "logits" in n.output)
+        assert node.op_type == "MatMulNBits"
+        return {a.name: a.i for a in node.attribute}["bits"]
+
+    rec = lm_export.quantize_int4(tiny_lm_onnx, tmp_path / "h8", lm_head_bits=8, algorithm="hqq")
+    assert rec["operators"]["MatMulNBits"] == 15 and head_bits(tmp_path / "h8") == 8
+    rec = lm_export.quantize_int4(tiny_lm_onnx, tmp_path / "w8", bits=8, embeddings=False)
+    assert rec["operators"]["MatMulNBits"] == 15 and head_bits(tmp_path / "w8") == 8
+    a, b = _loaders(tiny_lm, tmp_path / "w8")
+    from compress.formats import causal
+
+    ids, mask = causal.right_pad(lm_export.tokenizer_prompts(a.tokenizer, 4), 3)
+    valid = mask[:, 1:].astype(bool)
+    assert np.abs(a.logprobs(ids, mask)[valid] - b.logprobs(ids, mask)[valid]).mean() < 0.05
+
+
 def test_int8_dynamic_close_to_torch(tiny_lm, tiny_lm_onnx, tmp_path):
     from compress import lm_export
     from compress.formats import causal
@@ -250,21 +273,25 @@ def test_export_stage_data_prompts(tiny_lm, tmp_path):
                      data=object())
 
 
-@pytest.mark.parametrize("settings", [{"bits": 4}, {"bits": 4, "algorithm": "hqq", "block_size": 16},
-                                      {"bits": 8, "per_channel": False}])
+@pytest.mark.parametrize("settings", [{"bits": 4}, {"bits": 4, "algorithm": "hqq", "block_size": 16, "lm_head_bits": 8},
+                                      {"bits": 8}, {"bits": 8, "scheme": "dynamic", "per_channel": False}])
 def test_quantize_stage(tiny_lm_onnx, tmp_path, settings):
     result = run_lm_stage("quantize_onnx_lm", {**settings, "parity_prompts": 3, "parity_new_tokens": 4}, tiny_lm_onnx,
                           "onnx", tmp_path / "q")
     assert result.bits == settings["bits"]
-    assert result.operators.get("MatMulNBits" if settings["bits"] == 4 else "MatMulInteger", 0) == 15
+    dynamic = settings.get("scheme") == "dynamic"
+    assert result.operators.get("MatMulInteger" if dynamic else "MatMulNBits", 0) == 15
     assert result.size_bytes["output"] < result.size_bytes["input"]
     assert result.parity["prompts"] == 3 and 0 <= result.parity["token_agreement"] <= 100
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"bits": 8, "block_size": 64}, "block_size apply to bits 4 only"),
-    ({"bits": 8, "algorithm": "hqq", "accuracy_level": 0}, "algorithm, accuracy_level apply to bits 4 only"),
-    ({"per_channel": False}, "per_channel applies to bits 8 only"),
+    ({"bits": 8, "scheme": "dynamic", "block_size": 64}, "block_size apply to scheme weight_only only"),
+    ({"bits": 8, "scheme": "dynamic", "algorithm": "hqq", "accuracy_level": 0},
+     "algorithm, accuracy_level apply to scheme weight_only only"),
+    ({"scheme": "dynamic"}, "scheme dynamic is INT8"),
+    ({"per_channel": False}, "per_channel applies to scheme dynamic only"),
+    ({"lm_head": False, "lm_head_bits": 8}, "lm_head_bits applies when lm_head is quantized"),
     ({"algorithm": "hqq", "symmetric": False}, "symmetric applies to algorithm rtn only"),
     ({"block_size": 48}, "block_size"),
     ({"bits": 2}, "bits"),
@@ -277,7 +304,7 @@ def test_quantize_config_refuses_what_does_not_apply(settings, words):
 
     with pytest.raises(ValidationError, match=words):
         Config.model_validate(settings)
-    assert Config.model_validate({"bits": 8}).per_channel and Config.model_validate({}).bits == 4
+    assert Config.model_validate({"bits": 8, "scheme": "dynamic"}).per_channel and Config.model_validate({}).bits == 4
 
 
 def test_quantize_stage_refuses_a_quantized_input():
