@@ -181,7 +181,7 @@ def untie_lm_head(model) -> list[str]:
     return untied
 
 
-def quantize_int4(src: Path, out: Path, *, algorithm: Literal["rtn", "hqq"] = "rtn", block_size: int = 32,
+def quantize_int4(src: Path, out: Path, *, algorithm: Literal["rtn", "hqq", "minmax"] = "rtn", block_size: int = 32,
                   symmetric: bool = True, accuracy_level: int | None = 4, embeddings: bool = True,
                   lm_head: bool = True, lm_head_bits: Literal[4, 8] | None = None, bits: Literal[4, 8] = 4,
                   exclude: list[str] | None = None) -> dict:
@@ -195,7 +195,8 @@ def quantize_int4(src: Path, out: Path, *, algorithm: Literal["rtn", "hqq"] = "r
     CPU path); None or 0: fp32 activations. `hqq`: half-quadratic scales and float zero points
     (MatMuls; the Gather is then quantized round-to-nearest, HQQ has no Gather path). A model
     whose weights came from a GGUF Q4_1 file sits on a grid of 32-weight blocks with a float
-    minimum: hqq with block 32 reproduces it almost exactly, an integer zero point cannot.
+    minimum: `minmax` (each block's min and max, float zero point, no fit) with block 32
+    reproduces it exactly; rtn's integer zero point cannot (9% mean weight error on SmolLM2).
     Returns what was done."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import (
@@ -218,7 +219,7 @@ def quantize_int4(src: Path, out: Path, *, algorithm: Literal["rtn", "hqq"] = "r
 
     # (config, nodes to exclude, nodes to include) per pass
     passes = []
-    if algorithm == "hqq":
+    if algorithm in ("hqq", "minmax"):
         passes.append((HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits, op_types_to_quantize=("MatMul",)),
                        body_exclude, None))
     else:
@@ -230,6 +231,8 @@ def quantize_int4(src: Path, out: Path, *, algorithm: Literal["rtn", "hqq"] = "r
     for algo, skip, only in passes:
         q = MatMulNBitsQuantizer(model, block_size=block_size, is_symmetric=symmetric, accuracy_level=accuracy_level,
                                  nodes_to_exclude=skip, nodes_to_include=only, algo_config=algo)
+        if algorithm == "minmax" and isinstance(algo, HQQWeightOnlyQuantConfig):
+            q.node_quantizer = _minmax_quantizer(algo)
         q.process()
         model = q.model.model
     if accuracy_level is not None:
@@ -242,6 +245,23 @@ def quantize_int4(src: Path, out: Path, *, algorithm: Literal["rtn", "hqq"] = "r
                 else:
                     n.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
     return _save(model, src, out, untied=untied)
+
+
+def _minmax_quantizer(config):
+    """onnxruntime's HQQ node writer (MatMulNBits with float scales and float zero points)
+    with its fit turned off: scale = (max - min) / 15 and zero = -min / scale per block, not
+    rounded. onnxruntime offers no such algorithm (its rtn rounds the zero point to an
+    integer, HQQ rounds it and then moves scales away from the block's range); the node
+    layout is theirs, only the two numbers per block are chosen here."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import HQQWeightOnlyQuantizer
+
+    class MinMax(HQQWeightOnlyQuantizer):
+        def quantize_internal(self, tensor, bits=4, channel_wise=True, group_size=64, optimize=True, round_zero=True,
+                              axis=1):
+            return super().quantize_internal(tensor, bits=bits, channel_wise=channel_wise, group_size=group_size,
+                                             optimize=False, round_zero=False, axis=axis)
+
+    return MinMax(config)
 
 
 def quantize_int8(src: Path, out: Path, *, per_channel: bool = True, embeddings: bool = False, lm_head: bool = True,

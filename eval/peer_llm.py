@@ -9,7 +9,8 @@ on the same windows of a raw text file, size on disk. Prints both rows and the r
 
     python eval/peer_llm.py BEST_FOLDER --source HF_FOLDER [--peer PEER_FOLDER] [--threads 2]
 
-BEST_FOLDER: an `onnx` causal-LM folder (compress.formats.causal_onnx) or an `hf` folder.
+BEST_FOLDER: an `onnx` causal-LM folder (compress.formats.causal_onnx), a `genai` folder
+(compress.formats.genai) or an `hf` folder.
 The peer is built from HF_FOLDER into --peer (or a temporary folder) unless --peer holds one.
 """
 
@@ -69,10 +70,12 @@ class Ours:
     """The compressed variant through compress's own predictor and greedy loop."""
 
     def __init__(self, folder: Path, threads: int):
-        from compress.formats import causal, causal_onnx
+        from compress.formats import causal, causal_onnx, genai
 
         self.causal = causal
-        if (folder / "model.onnx").is_file():
+        if (folder / genai.CONFIG_FILE).is_file():
+            self.pred = genai.load(folder, "cpu", threads, {})
+        elif (folder / "model.onnx").is_file():
             self.pred = causal_onnx.load(folder, "cpu", threads, {})
         else:
             import torch

@@ -133,7 +133,7 @@ def test_untie_lm_head_makes_a_constant_weight(tiny_lm, tiny_lm_onnx):
     assert head and head[0].input[1] in inits
 
 
-@pytest.mark.parametrize("algorithm", ["rtn", "hqq"])
+@pytest.mark.parametrize("algorithm", ["rtn", "hqq", "minmax"])
 def test_int4_quantizes_every_matmul_embedding_and_head(tiny_lm, tiny_lm_onnx, tmp_path, algorithm):
     from compress import lm_export
     from compress.formats import causal
@@ -163,6 +163,38 @@ def test_int4_without_embeddings_and_head_keeps_them(tiny_lm, tiny_lm_onnx, tmp_
     rec = lm_export.quantize_int4(tiny_lm_onnx, tmp_path / "q", embeddings=False, lm_head=False)
     assert rec["operators"]["MatMulNBits"] == 14 and "GatherBlockQuantized" not in rec["operators"]
     assert rec["untied"] == []
+
+
+def test_minmax_is_exact_on_a_block_grid(tmp_path):
+    # Weights that already sit on a 4-bit grid per 32-weight block with a float minimum (as
+    # a GGUF Q4_1 file stores them) come back exactly; rtn's integer zero point cannot.
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compress import lm_export
+
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 16, size=(64, 2, 32))  # [N, K/32, 32]
+    q[..., 0], q[..., 1] = 0, 15  # every block spans its full range
+    w = (q * rng.uniform(0.01, 0.1, (64, 2, 1)) + rng.uniform(-0.5, 0.0, (64, 2, 1))).reshape(64, 64).T  # [K, N]
+    w = w.astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+                              [numpy_helper.from_array(w, "w")])
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(src / "model.onnx"))
+    import onnxruntime as ort
+
+    x = rng.normal(size=(1, 64)).astype(np.float32)
+    errors = {}
+    for algorithm in ("minmax", "rtn"):
+        lm_export.quantize_int4(src, tmp_path / algorithm, algorithm=algorithm, symmetric=False, accuracy_level=0,
+                                embeddings=False, lm_head=False)
+        sess = ort.InferenceSession(str(tmp_path / algorithm / "model.onnx"), providers=["CPUExecutionProvider"])
+        errors[algorithm] = float(np.abs(sess.run(None, {"x": x})[0] - x @ w).max())
+    assert errors["minmax"] < 1e-4 < errors["rtn"]
 
 
 def test_weight_only_head_bits_and_int8(tiny_lm, tiny_lm_onnx, tmp_path):
@@ -293,6 +325,7 @@ def test_quantize_stage(tiny_lm_onnx, tmp_path, settings):
     ({"per_channel": False}, "per_channel applies to scheme dynamic only"),
     ({"lm_head": False, "lm_head_bits": 8}, "lm_head_bits applies when lm_head is quantized"),
     ({"algorithm": "hqq", "symmetric": False}, "symmetric applies to algorithm rtn only"),
+    ({"algorithm": "minmax", "symmetric": True}, "symmetric applies to algorithm rtn only"),
     ({"block_size": 48}, "block_size"),
     ({"bits": 2}, "bits"),
     ({"bogus": 1}, "bogus"),

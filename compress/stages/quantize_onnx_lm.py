@@ -2,8 +2,8 @@
 export_onnx_lm (compress.lm_export does the work).
 
 - scheme weight_only (bits 4 or 8): MatMulNBits (blocks of `block_size` weights share a
-  scale; `rtn` rounds to nearest, `hqq` fits scales and float zero points by half-quadratic
-  optimisation). `accuracy_level` 4 runs the products in INT8 on the CPU (the fast path).
+  scale; `rtn` rounds to nearest, `hqq` fits scales and zero points by half-quadratic
+  optimisation, `minmax` takes each block's range with a float zero point). `accuracy_level` 4 runs the products in INT8 on the CPU (the fast path).
   `embeddings` quantizes the token table's Gather (GatherBlockQuantized, 4-bit); `lm_head`
   unties a tied output projection and quantizes it (`lm_head_bits`): together they are a
   fifth of a 135M model.
@@ -34,8 +34,9 @@ class Config(StageConfig):
     scheme: Literal["weight_only", "dynamic"] = Field(
         "weight_only", description="`weight_only`: MatMulNBits (weights in blocks, activations INT8 per block with "
         "accuracy_level 4); `dynamic`: INT8 weights with activations quantized per call (MatMulInteger; bits 8 only).")
-    algorithm: Literal["rtn", "hqq"] = Field("rtn", description="weight_only: `rtn` round-to-nearest per block; `hqq` "
-                                             "half-quadratic quantization (float zero points).")
+    algorithm: Literal["rtn", "hqq", "minmax"] = Field(
+        "rtn", description="weight_only: `rtn` round-to-nearest per block (integer zero point); `hqq` half-quadratic "
+        "fit; `minmax` each block's own range with a float zero point (exact for weights from a GGUF Q4_1 file).")
     block_size: Literal[16, 32, 64, 128, 256] = Field(32, description="weight_only: weights per quantization block "
                                                       "(smaller: more accurate, larger file).")
     symmetric: bool = Field(True, description="weight_only `rtn`: symmetric blocks (no zero point).")
@@ -68,8 +69,9 @@ class Config(StageConfig):
             wrong = [k for k in DYNAMIC_ONLY if k in given]
             if wrong:
                 raise ValueError(f"{', '.join(wrong)} applies to scheme dynamic only; remove it or set scheme: dynamic")
-            if self.algorithm == "hqq" and "symmetric" in given:
-                raise ValueError("symmetric applies to algorithm rtn only (hqq fits a zero point per block); remove it")
+            if self.algorithm != "rtn" and "symmetric" in given:
+                raise ValueError(f"symmetric applies to algorithm rtn only ({self.algorithm} has a zero point per "
+                                 "block); remove it")
             if not self.lm_head and "lm_head_bits" in given:
                 raise ValueError("lm_head_bits applies when lm_head is quantized; remove it or set lm_head: true")
         return self
