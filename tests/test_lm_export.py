@@ -194,7 +194,8 @@ def test_minmax_is_exact_on_a_block_grid(tmp_path):
                                 embeddings=False, lm_head=False)
         sess = ort.InferenceSession(str(tmp_path / algorithm / "model.onnx"), providers=["CPUExecutionProvider"])
         errors[algorithm] = float(np.abs(sess.run(None, {"x": x})[0] - x @ w).max())
-    assert errors["minmax"] < 1e-4 < errors["rtn"]
+    # minmax: only the fp16 rounding of the block offsets (see _fold_float_zero_points)
+    assert errors["minmax"] < 1e-2 and errors["minmax"] < errors["rtn"] / 20, errors
 
 
 def test_weight_only_head_bits_and_int8(tiny_lm, tiny_lm_onnx, tmp_path):
