@@ -253,10 +253,11 @@ def _fold_float_zero_points(model) -> int:
     only for integer zero points; with float ones (hqq's layout, used by minmax) it runs a
     generic path ~50x slower (12.6 ms against 0.25 ms for a 576 x 1536 matrix at batch 1).
     So the float zero point z of each block is moved out of the kernel:
-        W[k, n] = s[n, b] (q[n, k] - z[n, b]) = s[n, b] (q[n, k] - 8) + s[n, b] (8 - z[n, b])
-    the first term is a MatMulNBits without zero points (4-bit default zero point 8), the
+        W[k, n] = s[n, b] (q[n, k] - z[n, b]) = s[n, b] (q[n, k] - m) + s[n, b] (m - z[n, b])
+    the first term is a MatMulNBits without zero points (implied zero point m: 8 for 4 bits,
+    128 for 8), the
     second adds, per output, each block's input sum times an offset:
-        y = MatMulNBits(x) + ReduceSum(x viewed [.., K/B, B], -1) @ C,   C [K/B, N] = s (8 - z)
+        y = MatMulNBits(x) + ReduceSum(x viewed [.., K/B, B], -1) @ C,   C [K/B, N] = s (m - z)
     C is stored in fp16 (a Cast the session folds at load): it is a sixteenth of the
     weight bytes. A block sum is computed once per distinct input (q, k and v share one; gate
     and up share one). Returns the number of nodes changed."""
@@ -273,11 +274,12 @@ def _fold_float_zero_points(model) -> int:
         attrs = {a.name: a.i for a in node.attribute}
         k, n, block, bits = attrs["K"], attrs["N"], attrs["block_size"], attrs.get("bits", 4)
         blocks = (k + block - 1) // block
-        if k % block or bits != 4:
+        if k % block or bits not in (4, 8):
             continue
+        mid = float(1 << (bits - 1))  # the zero point MatMulNBits implies when none is given
         scales = numpy_helper.to_array(inits[node.input[2]]).reshape(n, blocks)
         zeros = numpy_helper.to_array(inits[node.input[3]]).reshape(n, blocks)
-        offset = (scales * (8.0 - zeros)).T.astype(np.float16)  # [K/B, N]
+        offset = (scales * (mid - zeros)).T.astype(np.float16)  # [K/B, N]
         x, y = node.input[0], node.output[0]
         if x not in sums:
             # x [..., K] -> [..., K/B, B]: the leading dims from Shape(x) (any rank), then sum.
