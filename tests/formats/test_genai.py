@@ -51,6 +51,15 @@ def test_genai_int4_builds_and_runs(tiny_llama, tmp_path):
     assert result.parity["prompts"] == 2
 
 
+def test_genai_minmax_quantizes_the_builders_fp32_graph(tiny_llama, tmp_path):
+    from tests.test_lm_export import run_lm_stage
+
+    result = run_lm_stage("export_genai", {"algorithm": "minmax", "lm_head_bits": 8, "block_size": 16,
+                                           "parity_prompts": 2, "parity_new_tokens": 4}, tiny_llama, "hf", tmp_path / "mm")
+    assert "minmax" in result.builder_options[0] and result.parity["prompts"] == 2
+    assert not (tmp_path / "mm-fp32").exists() and (tmp_path / "mm" / "genai_config.json").is_file()
+
+
 def test_genai_config_refuses_what_does_not_apply():
     from pydantic import ValidationError
 
@@ -58,5 +67,7 @@ def test_genai_config_refuses_what_does_not_apply():
 
     with pytest.raises(ValidationError, match="block_size apply to precision int4 only"):
         Config.model_validate({"precision": "fp32", "block_size": 64})
+    with pytest.raises(ValidationError, match="lm_head_bits applies to algorithm minmax only"):
+        Config.model_validate({"lm_head_bits": 8})
     with pytest.raises(ValidationError, match="min_identical applies to precision fp32 only"):
         Config.model_validate({"min_identical": 90})
