@@ -326,7 +326,7 @@ def test_quantize_stage(tiny_lm_onnx, tmp_path, settings):
     ({"per_channel": False}, "per_channel applies to scheme dynamic only"),
     ({"lm_head": False, "lm_head_bits": 8}, "lm_head_bits applies when lm_head is quantized"),
     ({"algorithm": "hqq", "symmetric": False}, "symmetric applies to algorithm rtn only"),
-    ({"algorithm": "minmax", "symmetric": True}, "symmetric applies to algorithm rtn only"),
+    ({"algorithm": "minmax", "symmetric": False}, "symmetric applies to algorithm rtn only"),
     ({"block_size": 48}, "block_size"),
     ({"bits": 2}, "bits"),
     ({"bogus": 1}, "bogus"),
@@ -339,6 +339,10 @@ def test_quantize_config_refuses_what_does_not_apply(settings, words):
     with pytest.raises(ValidationError, match=words):
         Config.model_validate(settings)
     assert Config.model_validate({"bits": 8, "scheme": "dynamic"}).per_channel and Config.model_validate({}).bits == 4
+    # A dumped config holds every key, defaults included: it reads back.
+    for given in ({"bits": 8, "scheme": "dynamic"}, {"algorithm": "hqq"}, {"lm_head": False}):
+        cfg = Config.model_validate(given)
+        assert Config.model_validate(cfg.model_dump()) == cfg
 
 
 def test_quantize_stage_refuses_a_quantized_input():

@@ -40,17 +40,22 @@ class Config(StageConfig):
     min_identical: float = Field(100.0, ge=0, le=100, description="fp32 only: smallest accepted share (percent) of "
                                  "parity prompts decoded identically to torch.")
 
+    def _changed(self) -> set[str]:
+        """Settings given with a value other than their default: a default that does not apply
+        is harmless (and a dumped config, which holds every key, must read back)."""
+        return {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
+
     @model_validator(mode="after")
     def _applies(self):
         int4_only = [k for k in ("algorithm", "lm_head_bits", "block_size", "accuracy_level", "symmetric", "embeddings")
-                     if k in self.model_fields_set]
+                     if k in self._changed()]
         if self.precision == "fp32" and int4_only:
             raise ValueError(f"{', '.join(int4_only)} apply to precision int4 only; remove them or set precision: int4")
-        if self.algorithm == "minmax" and "symmetric" in self.model_fields_set:
+        if self.algorithm == "minmax" and "symmetric" in self._changed():
             raise ValueError("symmetric applies to algorithm rtn only (minmax has a zero point per block); remove it")
-        if self.algorithm == "rtn" and "lm_head_bits" in self.model_fields_set:
+        if self.algorithm == "rtn" and "lm_head_bits" in self._changed():
             raise ValueError("lm_head_bits applies to algorithm minmax only; remove it or set algorithm: minmax")
-        if self.precision == "int4" and "min_identical" in self.model_fields_set:
+        if self.precision == "int4" and "min_identical" in self._changed():
             raise ValueError("min_identical applies to precision fp32 only (INT4 parity is reported); remove it")
         return self
 

@@ -55,9 +55,14 @@ class Config(StageConfig):
                                         "(reported only).")
     parity_new_tokens: PositiveInt = Field(16, description="Tokens generated per parity prompt.")
 
+    def _changed(self) -> set[str]:
+        """Settings given with a value other than their default: a default that does not apply
+        is harmless (and a dumped config, which holds every key, must read back)."""
+        return {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
+
     @model_validator(mode="after")
     def _applies(self):
-        given = self.model_fields_set
+        given = self._changed()
         if self.scheme == "dynamic":
             if self.bits != 8:
                 raise ValueError("scheme dynamic is INT8: set bits: 8 or scheme: weight_only")
