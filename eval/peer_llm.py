@@ -38,6 +38,9 @@ def build_peer(source: Path, out: Path) -> Path:
     from optimum.onnxruntime import ORTModelForCausalLM
     from transformers import AutoTokenizer
 
+    import logging
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)  # a line per node
     fp32 = out.with_name(out.name + "-fp32")
     if not (fp32 / "model.onnx").is_file():
         ORTModelForCausalLM.from_pretrained(source, export=True, use_cache=True).save_pretrained(fp32)
