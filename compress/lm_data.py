@@ -64,12 +64,13 @@ class LMEvalSet(BaseModel):
         import hashlib
         import json
 
-        return hashlib.sha256(json.dumps(self.prompts, ensure_ascii=False).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(self.prompts(), ensure_ascii=False).encode()).hexdigest()
 
-    @property
-    def prompts(self) -> list[str]:
-        """Real prompts (chat-formatted by the model's template at use): parity checks and timing."""
-        return [r["prompt"] for r in self.rows if r["eval"] == "prompt"]
+    def prompts(self, n: int | None = None) -> list[str]:
+        """Real prompts, plain user messages (the model's chat template is applied at use):
+        parity checks and timing. The first `n` (all: None)."""
+        found = [r["prompt"] for r in self.rows if r["eval"] == "prompt"]
+        return found if n is None else found[:n]
 
     id2label: None = None  # no classes
 

@@ -15,6 +15,7 @@ check that a stage is fed something it can take before any model loads:
 - `bnb_4bit`: a bitsandbytes 4-bit model (loaded from an `hf` folder plus its settings).
 - `cascade`: two variants combined by a confidence threshold.
 - `torchao`: torchao weight-only INT8 / INT4 of a causal LM (see formats/torchao.py).
+- `genai`: an onnxruntime-genai folder (genai_config.json + model.onnx) with its tokenizer.
 """
 
 from __future__ import annotations
@@ -137,6 +138,9 @@ CATALOGUE: dict[str, str] = {
     "quantize_openvino": "compress.stages.quantize_openvino",
     "load_4bit": "compress.stages.load_4bit",
     "quantize_weights": "compress.stages.quantize_weights",
+    "export_onnx_lm": "compress.stages.export_onnx_lm",
+    "quantize_onnx_lm": "compress.stages.quantize_onnx_lm",
+    "export_genai": "compress.stages.export_genai",
 }
 
 # The kinds imported so far, by name. registry() returns this very dict once it holds the

@@ -37,6 +37,8 @@ CAUSAL_LOADERS: dict[str, str] = {
 CPU_ONLY = {
     "torch_int8": "torch dynamic INT8 has CUDA kernels for no layer",
     "openvino": "OpenVINO runs on Intel CPUs and GPUs, not on CUDA devices",
+    "genai": "the onnxruntime-genai folder is built for the CPU",
+    "torchao": "torchao's INT4 layout here is the CPU one",
 }
 
 # The runtime that runs each format, named in every report row (the format alone does not

@@ -1,0 +1,98 @@
+"""onnxruntime-genai folders (genai_config.json + model.onnx[.data], written by its model
+builder), run through og.Generator.
+
+Token ids come from the Hugging Face tokenizer saved beside the model, not from og's own
+tokenizer: for a model converted from GGUF (SmolLM2), tokenizer_config.json names the class
+LlamaTokenizer over a GPT-2 byte-level BPE, and og's tokenizer then encodes text to -1 ids,
+so its generations looked like garbage although the graph is right (fed the HF ids, its
+logits match torch to 3e-5 and greedy decoding is identical).
+
+The contract maps onto the generator as: start = a new Generator + append_tokens(prompts),
+step = append_tokens(next tokens); logits are read with get_output("logits") ([B, T, V]
+after a prefill, [B, 1, V] after a step). logprobs appends a whole scoring batch and reads
+every position. Left padding: rows are padded with the config's pad_token_id, which
+onnxruntime-genai masks out when it builds the attention mask.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compress.formats.causal import CausalLM
+
+CONFIG_FILE = "genai_config.json"
+
+
+class GenaiCausal(CausalLM):
+    def __init__(self, path: Path, device: str, threads: int, options: dict):
+        import onnxruntime_genai as og
+        from transformers import AutoConfig, AutoTokenizer
+
+        super().__init__(path)
+        if not (Path(path) / CONFIG_FILE).is_file():
+            raise FileNotFoundError(f"{path}: no {CONFIG_FILE}; not an onnxruntime-genai folder")
+        self._og = og
+        config = og.Config(str(path))
+        config.clear_providers()  # the CPU; the builder was run with -e cpu
+        # The thread count is a session option of the decoder in genai_config.json; overlay()
+        # changes it for this process without touching the artifact.
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": int(threads), "inter_op_num_threads": 1}}}}))
+        self.model = og.Model(config)
+        self.device = "cpu"
+        if device != "cpu":
+            self.notes.append("onnxruntime-genai folder built for the CPU; ran on the CPU")
+        genai = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))["model"]
+        self.pad = int(genai.get("pad_token_id", genai.get("eos_token_id", 0)))
+        if isinstance(genai.get("eos_token_id"), list):
+            self.pad = int(genai.get("pad_token_id", genai["eos_token_id"][0]))
+        self.context_length = int(genai.get("context_length", 4096))
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.config = AutoConfig.from_pretrained(path)
+
+    def _generator(self, batch: int, max_length: int):
+        params = self._og.GeneratorParams(self.model)
+        params.set_search_options(max_length=min(max_length, self.context_length), do_sample=False, batch_size=batch)
+        return self._og.Generator(self.model, params)
+
+    def _padded(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.where(mask.astype(bool), ids, self.pad).astype(np.int32)
+
+    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        gen = self._generator(input_ids.shape[0], input_ids.shape[1] + 1)
+        # Right padding: pad ids after a row's end only affect positions the caller masks.
+        gen.append_tokens(self._padded(input_ids, np.ones_like(attention_mask)))
+        x = np.asarray(gen.get_output("logits"), dtype=np.float32)[:, :-1]  # [B, T-1, V]
+        top = x.max(-1, keepdims=True)
+        lse = np.log(np.exp(x - top).sum(-1, keepdims=True)) + top
+        return (np.take_along_axis(x, input_ids[:, 1:, None].astype(np.int64), axis=-1) - lse)[..., 0]
+
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, Any]:
+        # Room for the prompt and any number of new tokens up to the model's context.
+        gen = self._generator(input_ids.shape[0], self.context_length)
+        gen.append_tokens(self._padded(input_ids, attention_mask))
+        return np.asarray(gen.get_output("logits"), dtype=np.float32)[:, -1], gen
+
+    def step(self, tokens: np.ndarray, state: Any) -> tuple[np.ndarray, Any]:
+        state.append_tokens(np.asarray(tokens, dtype=np.int32)[:, None])
+        return np.asarray(state.get_output("logits"), dtype=np.float32)[:, -1], state
+
+    def num_params(self) -> int:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.config)
+        return sum(p.numel() for p in model.parameters())
+
+    def memory_bytes(self) -> int:
+        """Bytes of the stored weights (the model files, external data included)."""
+        return sum(p.stat().st_size for p in Path(self.path).iterdir() if p.name.startswith("model.onnx"))
+
+
+def load(path: Path, device: str, threads: int, options: dict) -> GenaiCausal:
+    return GenaiCausal(Path(path), device, threads, options)

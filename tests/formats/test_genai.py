@@ -1,0 +1,73 @@
+"""The onnxruntime-genai format and its export stage on a tiny random Llama: the builder's
+fp32 model decodes as torch does through the HF tokenizer's ids; INT4 builds and runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime_genai")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from tests.test_lm_export import tiny_causal
+
+    return tiny_causal(tmp_path_factory.mktemp("tiny_llama"), "llama")
+
+
+@pytest.fixture(scope="module")
+def genai_fp32(tiny_llama, tmp_path_factory):
+    from tests.test_lm_export import run_lm_stage
+
+    out = tmp_path_factory.mktemp("g") / "fp32"
+    result = run_lm_stage("export_genai", {"precision": "fp32", "parity_prompts": 4, "parity_new_tokens": 6},
+                          tiny_llama, "hf", out)
+    assert result.parity["identical"] == 4 and result.parity["max_abs_diff"] < 1e-3
+    return out
+
+
+def test_genai_predictor_matches_torch(tiny_llama, genai_fp32):
+    from compress import lm_export
+    from compress.formats import causal, genai
+
+    ref, cand = causal.load_hf(tiny_llama, "cpu", 1, {}), genai.load(genai_fp32, "cpu", 1, {})
+    seqs = lm_export.tokenizer_prompts(ref.tokenizer, 3)
+    ids, mask = causal.right_pad(seqs, 3)
+    a, b = ref.logprobs(ids, mask), cand.logprobs(ids, mask)
+    valid = mask[:, 1:].astype(bool)
+    assert np.abs(a[valid] - b[valid]).max() < 1e-4
+    one = causal.left_pad(seqs[:1], 3)
+    assert (causal.greedy(ref, *one, 10, stop_at_eos=False) == causal.greedy(cand, *one, 10, stop_at_eos=False)).all()
+    assert cand.num_params() == ref.num_params() and cand.memory_bytes() > 0
+
+
+def test_genai_int4_builds_and_runs(tiny_llama, tmp_path):
+    from tests.test_lm_export import run_lm_stage
+
+    result = run_lm_stage("export_genai", {"parity_prompts": 2, "parity_new_tokens": 4, "block_size": 16}, tiny_llama,
+                          "hf", tmp_path / "int4")
+    assert result.precision == "int4" and "int4_op_types_to_quantize=MatMul/Gather" in result.builder_options
+    assert result.parity["prompts"] == 2
+
+
+def test_genai_minmax_quantizes_the_builders_fp32_graph(tiny_llama, tmp_path):
+    from tests.test_lm_export import run_lm_stage
+
+    result = run_lm_stage("export_genai", {"algorithm": "minmax", "lm_head_bits": 8, "block_size": 16,
+                                           "parity_prompts": 2, "parity_new_tokens": 4}, tiny_llama, "hf", tmp_path / "mm")
+    assert "minmax" in result.builder_options[0] and result.parity["prompts"] == 2
+    assert not (tmp_path / "mm-fp32").exists() and (tmp_path / "mm" / "genai_config.json").is_file()
+
+
+def test_genai_config_refuses_what_does_not_apply():
+    from pydantic import ValidationError
+
+    from compress.stages.export_genai import Config
+
+    with pytest.raises(ValidationError, match="block_size apply to precision int4 only"):
+        Config.model_validate({"precision": "fp32", "block_size": 64})
+    with pytest.raises(ValidationError, match="lm_head_bits applies to algorithm minmax only"):
+        Config.model_validate({"lm_head_bits": 8})
+    with pytest.raises(ValidationError, match="min_identical applies to precision fp32 only"):
+        Config.model_validate({"min_identical": 90})
