@@ -187,4 +187,8 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    # The ONNX exporter's and ORT quantizer's notes on graphs they handle correctly here
+    # (advanced indexing, a read-only numpy weight handed to torch): nothing to act on.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx\..*")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"onnxruntime\.quantization\..*")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # worker processes inherit it

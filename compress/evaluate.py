@@ -68,7 +68,8 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
     variants = [a for a in artifacts.values() if a.format in BENCHMARKABLE and (a.id != MODEL_ID or base == MODEL_ID)]
     hw = manifest.hardware()
     vers = manifest.versions()
-    log(f"benchmark: {len(variants)} variants, {threads} threads, batch sizes {recipe.benchmark.batch_sizes}")
+    sizes = recipe.lm.timing.batch_sizes if recipe.lm is not None else recipe.benchmark.batch_sizes
+    log(f"benchmark: {len(variants)} variants, {threads} threads, batch sizes {sizes}")
     bench_timing = BenchTiming()
     t_bench = time.perf_counter()
     bench_spec = recipe.benchmark.model_copy(update={"threads": threads})

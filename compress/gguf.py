@@ -99,6 +99,20 @@ def converted(gguf: Path) -> Converted | None:
         return None
 
 
+class _no_progress_bars:
+    """TQDM_DISABLE for the duration (tqdm reads it when a bar is made)."""
+
+    def __enter__(self):
+        self.old = os.environ.get("TQDM_DISABLE")
+        os.environ["TQDM_DISABLE"] = "1"
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = self.old
+
+
 def convert(gguf: Path, log=lambda m: None) -> Converted:
     """The converted folder of `gguf`, converting it first when the cache has none. The
     folder is written under a temporary name and renamed when complete, so a run killed
@@ -121,8 +135,10 @@ def convert(gguf: Path, log=lambda m: None) -> Converted:
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         try:
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            # transformers' GGUF reader draws its own tqdm bar per tensor; the line above says it all
+            with _no_progress_bars():
+                model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+                tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         except Exception as exc:  # an architecture transformers' GGUF reader does not know, a damaged file
             raise ModelSourceError(f"model.source: transformers cannot convert '{gguf}' "
                                    f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "

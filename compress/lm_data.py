@@ -75,7 +75,9 @@ class LMEvalSet(BaseModel):
     id2label: None = None  # no classes
 
     def summary(self) -> str:
-        parts = [f"{name} {info.get('items', '?')} items" for name, info in self.sources.items()]
+        parts = [f"{name} {info['items']} items" if "items" in info else
+                 f"{name} ({', '.join(f'{k} {v}' for k, v in info.items() if k != 'path')})"
+                 for name, info in self.sources.items()]
         return ", ".join(parts)
 
 

@@ -63,7 +63,8 @@ def run_recipe(
         store = ArtifactStore(run_dir)
         role.prepare(store)
         model = resolve_model(recipe.model, recipe.base_dir, log=log)
-        log(f"model: {recipe.model.source} ({model.format}, {model.origin})")
+        shown = causal_format(model.format) if recipe.is_causal else model.format
+        log(f"model: {recipe.model.source} ({shown}, {model.origin})")
         head = _check_model_against_recipe(recipe, model)
         if recipe.lm is not None:
             from compress.lm_data import load_lm_evals

@@ -11,7 +11,9 @@ The contract maps onto the generator as: start = a new Generator + append_tokens
 step = append_tokens(next tokens); logits are read with get_output("logits") ([B, T, V]
 after a prefill, [B, 1, V] after a step). logprobs appends a whole scoring batch and reads
 every position. Left padding: rows are padded with the config's pad_token_id, which
-onnxruntime-genai masks out when it builds the attention mask.
+onnxruntime-genai masks out when it builds the attention mask; but here a left-padded row of a
+batch does not decode as the same prompt alone does, so a batch's figures are its speed only
+(every scored generation runs at batch 1, and scoring batches are right-padded).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class GenaiCausal(CausalLM):
         self.device = "cpu"
         if device != "cpu":
             self.notes.append("onnxruntime-genai folder built for the CPU; ran on the CPU")
+        self.notes.append("onnxruntime-genai: a left-padded row of a batch decodes differently from its prompt alone, "
+                          "so batches above 1 give speed only (scores come from batch 1)")
         genai = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))["model"]
         self.pad = int(genai.get("pad_token_id", genai.get("eos_token_id", 0)))
         if isinstance(genai.get("eos_token_id"), list):
@@ -75,11 +79,22 @@ class GenaiCausal(CausalLM):
         # Room for the prompt and any number of new tokens up to the model's context.
         gen = self._generator(input_ids.shape[0], self.context_length)
         gen.append_tokens(self._padded(input_ids, attention_mask))
-        return np.asarray(gen.get_output("logits"), dtype=np.float32)[:, -1], gen
+        return np.asarray(gen.get_output("logits"), dtype=np.float32)[:, -1], _Batch(gen, input_ids.shape[0])
 
     def step(self, tokens: np.ndarray, state: Any) -> tuple[np.ndarray, Any]:
-        state.append_tokens(np.asarray(tokens, dtype=np.int32)[:, None])
-        return np.asarray(state.get_output("logits"), dtype=np.float32)[:, -1], state
+        gen = state.gen
+        if state.rows == 1:
+            gen.append_tokens(np.asarray(tokens, dtype=np.int32)[:, None])
+            return np.asarray(gen.get_output("logits"), dtype=np.float32)[:, -1], state
+        # A batch of several rows takes appended tokens once (the prompts): each later token is
+        # the generator's own greedy choice (generate_next_token: the argmax of the same logits
+        # the loop reads). Its first call only selects from the prefill's logits; every later
+        # call runs the model on the token selected before, then selects the next.
+        if not state.selected:
+            gen.generate_next_token()
+            state.selected = True
+        gen.generate_next_token()
+        return np.asarray(gen.get_output("logits"), dtype=np.float32)[:, -1], state
 
     def num_params(self) -> int:
         import torch
@@ -92,6 +107,13 @@ class GenaiCausal(CausalLM):
     def memory_bytes(self) -> int:
         """Bytes of the stored weights (the model files, external data included)."""
         return sum(p.stat().st_size for p in Path(self.path).iterdir() if p.name.startswith("model.onnx"))
+
+
+class _Batch:
+    """A generator and how it is fed (one row: appended tokens; several: its own choices)."""
+
+    def __init__(self, gen: Any, rows: int):
+        self.gen, self.rows, self.selected = gen, rows, False
 
 
 def load(path: Path, device: str, threads: int, options: dict) -> GenaiCausal:

@@ -22,7 +22,9 @@ from compress.registry import StageConfig, StageKind, StageResult
 
 
 class Config(StageConfig):
-    precision: Literal["fp32", "int4"] = Field("int4", description="Weights of the built model.")
+    precision: Literal["fp32", "int8", "int4"] = Field(
+        "int4", description="Weights of the built model. `int8`: 8-bit weight-only blocks (minmax) of the builder's "
+        "fp32 graph, token table kept in fp32.")
     algorithm: Literal["rtn", "minmax"] = Field(
         "rtn", description="INT4 only: `rtn` the builder's own round-to-nearest; `minmax` the builder's fp32 model "
         "quantized by compress.lm_export (each block's range, float zero point: exact on a GGUF Q4_1 grid).")
@@ -51,12 +53,16 @@ class Config(StageConfig):
                      if k in self._changed()]
         if self.precision == "fp32" and int4_only:
             raise ValueError(f"{', '.join(int4_only)} apply to precision int4 only; remove them or set precision: int4")
+        int8_refused = [k for k in ("algorithm", "lm_head_bits", "symmetric", "embeddings") if k in self._changed()]
+        if self.precision == "int8" and int8_refused:
+            raise ValueError(f"{', '.join(int8_refused)} apply to precision int4 only (int8 is minmax blocks, "
+                             f"token table in fp32); remove them")
         if self.algorithm == "minmax" and "symmetric" in self._changed():
             raise ValueError("symmetric applies to algorithm rtn only (minmax has a zero point per block); remove it")
         if self.algorithm == "rtn" and "lm_head_bits" in self._changed():
             raise ValueError("lm_head_bits applies to algorithm minmax only; remove it or set algorithm: minmax")
-        if self.precision == "int4" and "min_identical" in self._changed():
-            raise ValueError("min_identical applies to precision fp32 only (INT4 parity is reported); remove it")
+        if self.precision != "fp32" and "min_identical" in self._changed():
+            raise ValueError("min_identical applies to precision fp32 only (quantized parity is reported); remove it")
         return self
 
 
@@ -79,7 +85,7 @@ def run(ctx) -> Result:
 
     cfg: Config = ctx.config
     options = []
-    minmax = cfg.precision == "int4" and cfg.algorithm == "minmax"
+    minmax = cfg.precision == "int8" or (cfg.precision == "int4" and cfg.algorithm == "minmax")
     build = ctx.out.parent / (ctx.out.name + "-fp32") if minmax else ctx.out
     if cfg.precision == "int4" and not minmax:
         options = [f"int4_block_size={cfg.block_size}", f"int4_accuracy_level={cfg.accuracy_level}",
@@ -100,12 +106,17 @@ def run(ctx) -> Result:
                          "supports this architecture")
     if minmax:
         try:
-            lm_export.quantize_int4(build, ctx.out, algorithm="minmax", block_size=cfg.block_size,
-                                    accuracy_level=cfg.accuracy_level, embeddings=cfg.embeddings,
-                                    lm_head_bits=cfg.lm_head_bits)
+            if cfg.precision == "int8":  # the 8-bit grid holds every weight; ORT quantizes Gather at 4 bits only
+                lm_export.quantize_int4(build, ctx.out, bits=8, algorithm="minmax", block_size=cfg.block_size,
+                                        accuracy_level=cfg.accuracy_level, embeddings=False)
+            else:
+                lm_export.quantize_int4(build, ctx.out, algorithm="minmax", block_size=cfg.block_size,
+                                        accuracy_level=cfg.accuracy_level, embeddings=cfg.embeddings,
+                                        lm_head_bits=cfg.lm_head_bits)
         finally:
             shutil.rmtree(build, ignore_errors=True)
-        options = [f"minmax block {cfg.block_size}, lm_head {cfg.lm_head_bits}-bit, accuracy_level {cfg.accuracy_level}"]
+        head = 8 if cfg.precision == "int8" else cfg.lm_head_bits
+        options = [f"minmax {cfg.precision} block {cfg.block_size}, lm_head {head}-bit, accuracy_level {cfg.accuracy_level}"]
     # The HF tokenizer and config replace the builder's copies (see compress.formats.genai).
     for f in ctx.input.path.iterdir():
         if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges"))
