@@ -71,3 +71,34 @@ def test_genai_config_refuses_what_does_not_apply():
         Config.model_validate({"lm_head_bits": 8})
     with pytest.raises(ValidationError, match="min_identical applies to precision fp32 only"):
         Config.model_validate({"min_identical": 90})
+
+
+def test_a_batch_of_several_rows_decodes_through_the_generator(tiny_llama, genai_fp32):
+    """onnxruntime-genai takes appended tokens once for a batch above 1: the predictor's
+    steps then come from the generator's own greedy choices. An unpadded batch (equal
+    lengths) decodes as torch does, token for token."""
+    from compress import lm_export
+    from compress.formats import causal, genai
+
+    ref, cand = causal.load_hf(tiny_llama, "cpu", 1, {}), genai.load(genai_fp32, "cpu", 1, {})
+    seqs = lm_export.tokenizer_prompts(ref.tokenizer, 3)
+    width = min(len(s) for s in seqs)
+    same = [s[-width:] for s in seqs]  # equal lengths: no padding to mask
+    batch = causal.left_pad(same, 3)
+    ours = causal.greedy(cand, *batch, 8, stop_at_eos=False)
+    assert ours.shape == (3, 8)
+    assert (ours == causal.greedy(ref, *batch, 8, stop_at_eos=False)).all()
+
+
+def test_genai_int8_is_minmax_blocks_and_refuses_int4_settings(tiny_llama, tmp_path):
+    from pydantic import ValidationError
+
+    from compress.stages.export_genai import Config
+    from tests.test_lm_export import run_lm_stage
+
+    with pytest.raises(ValidationError, match="apply to precision int4 only"):
+        Config(precision="int8", lm_head_bits=8)
+    result = run_lm_stage("export_genai", {"precision": "int8", "block_size": 16, "parity_prompts": 2,
+                                           "parity_new_tokens": 4}, tiny_llama, "hf", tmp_path / "i8")
+    assert result.precision == "int8" and "minmax int8" in result.builder_options[0]
+    assert (tmp_path / "i8" / "genai_config.json").is_file()
