@@ -453,6 +453,12 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
     `eval_examples`: the eval split's size; under budget.min_eval_examples no variant is
     deployed (exit 3): a handful of sentences cannot tell a variant within budget from one
     that is not (one sentence of one is a 0-point delta with the interval [0, 0])."""
+    causal = policy.task == "causal-lm"  # costs per 1M output tokens, not per 1K inferences
+    what = {**_NAME, "usd_per_1k": "$/1M tokens"} if causal else _NAME
+
+    def fmt(key: str, value: float) -> str:
+        return _fmt(key, value, causal)
+
     budget = policy.budget
     metric = policy.metric
     base_id = budget.baseline
@@ -497,13 +503,13 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
                 else:
                     why = f"smaller ({selected.size_mb:.1f} MB vs {r.size_mb:.1f} MB)"
                 if r is tied[0]:
-                    r.reasons = [f"within budget and the best {_NAME[key]} ({_fmt(key, r.figure(key))}), but "
+                    r.reasons = [f"within budget and the best {what[key]} ({fmt(key, r.figure(key))}), but "
                                  f"'{selected.id}' is within {tolerance:.0%} of it and {why}"]
                 else:
-                    r.reasons = [f"within budget at {_fmt(key, r.figure(key))}, within {tolerance:.0%} of the best "
-                                 f"({_fmt(key, tied[0].figure(key))}), but '{selected.id}' is {why}"]
+                    r.reasons = [f"within budget at {fmt(key, r.figure(key))}, within {tolerance:.0%} of the best "
+                                 f"({fmt(key, tied[0].figure(key))}), but '{selected.id}' is {why}"]
             else:
-                r.reasons = [f"within budget, but {_fmt(key, r.figure(key))} vs {_fmt(key, selected.figure(key))} "
+                r.reasons = [f"within budget, but {fmt(key, r.figure(key))} vs {fmt(key, selected.figure(key))} "
                              f"for '{selected.id}'"]
         else:
             r.verdict = "rejected"
@@ -526,7 +532,7 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
         best = tied[0]  # tied is ordered by the objective
         names = ", ".join(f"'{r.id}'" for r in tied)
         notes.append(
-            f"{names} are within {tolerance:.0%} of the best {_NAME[key]} ({_fmt(key, best.figure(key))}, '{best.id}'), "
+            f"{names} are within {tolerance:.0%} of the best {what[key]} ({fmt(key, best.figure(key))}, '{best.id}'), "
             f"closer than timings repeat between runs (budget.tie_tolerance): the {metric.best_words} of them, "
             f"'{selected.id}', is deployed"
         )
@@ -539,7 +545,7 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
             and selected.figure(key) >= base.figure(key):
         notes.append(
             f"'{selected.id}' is the best compressed variant within budget, but the baseline is no worse "
-            f"on {budget.objective} ({_fmt(key, selected.figure(key))} vs {_fmt(key, base.figure(key))}): "
+            f"on {budget.objective} ({fmt(key, selected.figure(key))} vs {fmt(key, base.figure(key))}): "
             "keeping the baseline is as good a choice here"
         )
 
@@ -691,5 +697,7 @@ def task_check(r: Row, max_drop: float, gate_on: str) -> Check:
 _NAME = {"usd_per_1k": "$/1K", "p95_ms": "p95 latency", "size_mb": "size"}
 
 
-def _fmt(key: str, value: float) -> str:
+def _fmt(key: str, value: float, causal: bool = False) -> str:
+    if causal and key == "usd_per_1k":  # a causal LM's throughput is output tokens/s
+        return f"${value * 1000:.4f}/1M tokens"
     return {"usd_per_1k": f"${value:.5f}/1K", "p95_ms": f"p95 {value:.2f} ms", "size_mb": f"{value:.1f} MB"}[key]
