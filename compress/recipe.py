@@ -537,7 +537,7 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
             recipe.lm = LMSpec()
     else:
         if recipe.data is None:
-            raise RecipeError(where, "data", "missing: a sequence-classification recipe names its dataset here")
+            raise RecipeError(where, "data", "required key is missing: a sequence-classification recipe names its dataset here")
         if "lm" in raw:
             raise RecipeError(where, "lm", f"only causal-lm recipes take an `lm` block (this one's task is {recipe.task})")
 
