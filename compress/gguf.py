@@ -137,8 +137,8 @@ def convert(gguf: Path, log=lambda m: None) -> Converted:
         try:
             # transformers' GGUF reader draws its own tqdm bar per tensor; the line above says it all
             with _no_progress_bars():
-                model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-                tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+                model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False)
+                tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
         except Exception as exc:  # an architecture transformers' GGUF reader does not know, a damaged file
             raise ModelSourceError(f"model.source: transformers cannot convert '{gguf}' "
                                    f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "

@@ -173,5 +173,5 @@ def load_hf(path: Path, device: str, threads: int, options: dict) -> TorchCausal
     """An `hf` folder holding a causal LM (safetensors, fp32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
-    return TorchCausal(path, model, AutoTokenizer.from_pretrained(path), device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32", trust_remote_code=False, use_safetensors=True)
+    return TorchCausal(path, model, AutoTokenizer.from_pretrained(path, trust_remote_code=False), device)

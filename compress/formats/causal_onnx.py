@@ -38,8 +38,8 @@ class OnnxCausal(CausalLM):
         if device != "cpu":
             self.notes.append("the ONNX causal-LM predictor runs on the CPU (its KV cache is bound to host memory)")
         self.session = onnx_fmt.session(self.file, "cpu", threads, spin_wait=bool(options.get("spin_wait", True)))
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.config = AutoConfig.from_pretrained(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        self.config = AutoConfig.from_pretrained(path, trust_remote_code=False)
         self._ort = ort
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.past_names = [n for n in inputs if n.startswith("past_key_values.")]

@@ -55,8 +55,8 @@ class GenaiCausal(CausalLM):
         if isinstance(genai.get("eos_token_id"), list):
             self.pad = int(genai.get("pad_token_id", genai["eos_token_id"][0]))
         self.context_length = int(genai.get("context_length", 4096))
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.config = AutoConfig.from_pretrained(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        self.config = AutoConfig.from_pretrained(path, trust_remote_code=False)
 
     def _generator(self, batch: int, max_length: int):
         params = self._og.GeneratorParams(self.model)

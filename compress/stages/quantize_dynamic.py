@@ -172,7 +172,7 @@ def _run_causal(ctx) -> Result:
     torch_int8.quantize(model, layers)
     model.config.save_pretrained(ctx.out)
     try:
-        GenerationConfig.from_pretrained(ctx.input.path).save_pretrained(ctx.out)
+        GenerationConfig.from_pretrained(ctx.input.path, trust_remote_code=False).save_pretrained(ctx.out)
     except OSError:  # a folder without generation_config.json: transformers derives one from config.json
         pass
     tokenizer.save_pretrained(ctx.out)

@@ -64,7 +64,7 @@ def run(ctx) -> Result:
     spec = torchao.quantize(model, cfg.scheme, group, cfg.embedding, cfg.keep_fp32)
     model.config.save_pretrained(ctx.out)
     try:
-        GenerationConfig.from_pretrained(ctx.input.path).save_pretrained(ctx.out)
+        GenerationConfig.from_pretrained(ctx.input.path, trust_remote_code=False).save_pretrained(ctx.out)
     except OSError:  # no generation_config.json: transformers derives one from config.json
         pass
     tokenizer.save_pretrained(ctx.out)
