@@ -88,8 +88,22 @@ def _load(job: BenchJob):
 
 def _read_eval(job: BenchJob, task: Task) -> tuple[Any, np.ndarray]:
     """(the task's inputs, targets [N]) from the eval file (one JSON object per line)."""
-    rows = [json.loads(line) for line in Path(job.eval_file).read_text().splitlines() if line]
-    return task.read_eval(rows)
+    return task.read_eval(_eval_rows(job))
+
+
+def _eval_rows(job: BenchJob) -> list[dict]:
+    """The eval file's rows (one JSON object per line)."""
+    return [json.loads(line) for line in Path(job.eval_file).read_text().splitlines() if line]
+
+
+def _start(job: BenchJob) -> tuple[Task, Phases, Any, float]:
+    """The task, the phase clock, the loaded predictor and its load time in seconds."""
+    task = get_task(job.task)
+    ph = _phases(job)
+    ph.begin("load")
+    t0 = time.perf_counter()
+    pred = _load(job)
+    return task, ph, pred, time.perf_counter() - t0
 
 
 def _latency_selection(n_rows: int, job: BenchJob) -> list[int]:
@@ -180,12 +194,7 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
     from compress.predict import length_sorted_batches
 
     job = BenchJob.model_validate(job)
-    task = get_task(job.task)
-    ph = _phases(job)
-    ph.begin("load")
-    t0 = time.perf_counter()
-    pred = _load(job)
-    load_s = time.perf_counter() - t0
+    task, ph, pred, load_s = _start(job)
 
     ph.begin("tokenize")
     inputs, targets = _read_eval(job, task)
@@ -290,14 +299,8 @@ def measure_lm(job: BenchJob) -> Measurement:
     from those: quality is perplexity, batch-1 latency the time per output token, and each
     batch size's throughput its decode tokens/s."""
     assert job.lm is not None
-    task = get_task(job.task)
-    ph = _phases(job)
-    ph.begin("load")
-    t0 = time.perf_counter()
-    pred = _load(job)
-    load_s = time.perf_counter() - t0
-    rows = [json.loads(line) for line in Path(job.eval_file).read_text().splitlines() if line]
-    figures = task.measure_lm(pred, rows, job.lm, ph)
+    task, ph, pred, load_s = _start(job)
+    figures = task.measure_lm(pred, _eval_rows(job), job.lm, ph)
     ph.end()
     ppl = next(e for e in figures.evals if e.name == "perplexity")
     batches = [BatchFigures(batch_size=g.batch_size, throughput=g.decode_tokens_per_s, p50_ms=g.tpot_ms,

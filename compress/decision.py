@@ -310,15 +310,15 @@ def lm_row(m: Measurement, base: Measurement | None, row: Row, samples: int) -> 
             mine, ref = np.asarray(e.scores), np.asarray(b.scores)
             if e.metric == "perplexity":  # per-window mean NLL: the ratio of perplexities is exp(mean difference)
                 er.delta = 100.0 * (e.value / b.value - 1.0)
-                er.delta_ci95 = paired_bootstrap(ref, mine, samples, scale=1.0, transform=_relative_increase)
+                er.delta_ci95 = get_task("causal-lm").interval(ref, mine, samples)
             else:  # per-item 0/1 or F1 in [0, 1]: differences in points
                 er.delta = e.value - b.value
-                er.delta_ci95 = paired_bootstrap(ref, mine, samples, scale=100.0)
+                er.delta_ci95 = get_task("causal-lm").points_interval(ref, mine, samples)
             for name, values in e.secondary_scores.items():
                 ref2 = b.secondary_scores.get(name)
                 if ref2 is not None and len(ref2) == len(values) and name in e.secondary and name in b.secondary:
                     er.secondary_delta[name] = e.secondary[name] - b.secondary[name]
-                    er.secondary_ci95[name] = paired_bootstrap(np.asarray(ref2), np.asarray(values), samples, scale=100.0)
+                    er.secondary_ci95[name] = get_task("causal-lm").points_interval(ref2, values, samples)
         evals.append(er)
     gens = {str(g.batch_size): g for g in m.lm.generation}
     out = LMRow(
@@ -340,8 +340,6 @@ def lm_row(m: Measurement, base: Measurement | None, row: Row, samples: int) -> 
     return out
 
 
-def _relative_increase(mean_nll_diff: np.ndarray) -> np.ndarray:
-    """Mean per-token NLL difference (nats) -> relative perplexity increase in percent."""
     return 100.0 * (np.exp(mean_nll_diff) - 1.0)
 
 

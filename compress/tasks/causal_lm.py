@@ -231,26 +231,28 @@ def delta(value: float, base: float) -> float:
     return 100.0 * (value / base - 1.0)
 
 
-def _resample(n: int, samples: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n, size=(samples, n))  # [samples, n] item indices
+def _relative(mean_nll_diff: np.ndarray) -> np.ndarray:
+    return 100.0 * (np.exp(mean_nll_diff) - 1.0)
 
 
 def interval(base_scores: list[float], scores: list[float], samples: int = 2000, seed: int = 0) -> tuple[float, float]:
     """95% paired bootstrap interval of the relative perplexity increase (percent), resampling
-    windows: 100 (exp(mean(nll_variant - nll_base)) - 1) per resample (windows of equal token
-    counts weigh alike, as in the point figure; the last, shorter window is weighed as the others)."""
-    d = np.asarray(scores, dtype=float) - np.asarray(base_scores, dtype=float)  # [W]
-    r = 100.0 * (np.exp(d[_resample(d.size, samples, seed)].mean(1)) - 1.0)
-    return float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))
+    windows: 100 (exp(mean(nll_variant - nll_base)) - 1) per resample. With windows of equal
+    token counts, the point value lies within it."""
+    from compress.stats import paired_bootstrap
+
+    return paired_bootstrap(np.asarray(base_scores, dtype=float), np.asarray(scores, dtype=float), samples,
+                            seed=seed, scale=1.0, transform=_relative)
 
 
 def points_interval(base_scores: list[float], scores: list[float], samples: int = 2000,
                     seed: int = 0) -> tuple[float, float]:
     """95% paired bootstrap interval of the mean difference (variant - base) in points, for
     per-item scores in 0..1 (acc 0/1, ROUGE F1)."""
-    d = np.asarray(scores, dtype=float) - np.asarray(base_scores, dtype=float)  # [N]
-    r = 100.0 * d[_resample(d.size, samples, seed)].mean(1)
-    return float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))
+    from compress.stats import paired_bootstrap
+
+    return paired_bootstrap(np.asarray(base_scores, dtype=float), np.asarray(scores, dtype=float), samples,
+                            seed=seed, scale=100.0)
 
 
 class CausalLMTask(Task):
