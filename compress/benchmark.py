@@ -10,12 +10,13 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from compress.artifacts import digest, is_sealed, sealed
-from compress.console import heartbeat
+from compress.console import heartbeat, progress_seconds
 from compress.formats import CPU_ONLY
 from compress.measure import BenchJob, JobOptions, Measurement, PairedSpeedup, PairRef, RoundTimes
 from compress.tasks import DEFAULT_TASK, get_task
@@ -219,7 +220,13 @@ def _later_rounds(
         start = rnd * len(others) // spec.latency_rounds
         log(f"  {device}: latency round {rnd + 1}/{spec.latency_rounds}"
             + (f" (each variant timed alternately with {reference})" if ref_job else ""))
+        last_line = time.monotonic()
         for n, (art, job) in enumerate(others[start:] + others[:start], 1):
+            # A variant's later round takes seconds, not the heartbeat's 30: without this
+            # line a non-terminal log would say nothing for the whole round.
+            if n > 1 and time.monotonic() - last_line >= progress_seconds() / 2:
+                log(f"  {device}: latency round {rnd + 1}/{spec.latency_rounds}: {n - 1}/{len(others)} variants timed")
+                last_line = time.monotonic()
             job = job.model_copy(update={"latency_only": True})
             if ref_job is not None:
                 job.pair = PairRef(format=ref_job.format, path=ref_job.path, options=ref_job.options)

@@ -49,12 +49,13 @@ class TrainSettings(StageConfig):
         "parameters (MiniLM-L6: 11.7M of 22.7M), and its dense gradient and AdamW update are a large "
         "share of every step on a CPU: freezing it trains a 3-layer MiniLM student about 1.6x faster.",
     )
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "bf16", "auto"] = Field(
         "fp32",
         description="Arithmetic of forward and backward passes. `bf16`: bfloat16 autocast (weights and "
         "optimiser state stay fp32), about 1.5x faster where the hardware computes bfloat16 natively "
         "(CPUs with AVX512-BF16 or AMX, Ampere and later GPUs); elsewhere it is emulated and slower, so "
-        "the run warns. The teacher's forward pass of a distillation runs under it too.",
+        "the run warns. `auto`: bf16 where it is native, else fp32, so one recipe suits both kinds of "
+        "machine. The teacher's forward pass of a distillation runs under it too.",
     )
     seed: int = Field(0, description="Seed of initialisation, shuffling and dropout.")
 
@@ -91,6 +92,13 @@ def warn_if_bf16_emulated(ctx, what: str) -> None:
     """Logs that `what` (something set to bf16) runs emulated, hence slower, on this device."""
     if not bf16_native(ctx.device):
         ctx.log(f"  {what} is emulated on this {ctx.device} (no native bfloat16): expect it slower than fp32")
+
+
+def resolved_precision(settings: TrainSettings, device: str) -> str:
+    """`fp32` or `bf16`: the recipe's `precision`, with `auto` decided by the device."""
+    if settings.precision == "auto":
+        return "bf16" if bf16_native(device) else "fp32"
+    return settings.precision
 
 
 def bf16_native(device: str) -> bool:
@@ -172,8 +180,12 @@ def train(
     # mixed_precision="no": the recipe's `precision` decides (bf16 autocast below), not an
     # ACCELERATE_MIXED_PRECISION that `accelerate launch` sets from the user's config.
     accelerator = Accelerator(cpu=ctx.device == "cpu", mixed_precision="no")
+    precision = resolved_precision(settings, ctx.device)
     if settings.precision == "bf16":
         warn_if_bf16_emulated(ctx, f"{description}: precision bf16")
+    elif settings.precision == "auto":
+        ctx.log(f"  {description}: precision auto -> {precision}"
+                + ("" if precision == "bf16" else f" (this {ctx.device} has no native bfloat16)"))
     generator = torch.Generator().manual_seed(settings.seed)
     n_epochs = math.ceil(settings.epochs)
     steps_per_epoch = math.ceil(len(data) / settings.batch_size)
@@ -207,7 +219,7 @@ def train(
         for step, batch in enumerate(loader, 1):
             # Autocast here rather than through Accelerator(mixed_precision=...): accelerate keeps
             # that setting process-wide, and stages of one run may differ in precision.
-            with torch.autocast(accelerator.device.type, torch.bfloat16, enabled=settings.precision == "bf16"):
+            with torch.autocast(accelerator.device.type, torch.bfloat16, enabled=precision == "bf16"):
                 loss = loss_fn(model, batch)  # a distillation teacher's forward pass included
             accelerator.backward(loss)
             accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)

@@ -70,3 +70,19 @@ def test_emulated_bf16_is_announced(tiny_checkpoint, tiny_data, tmp_path, monkey
     run_stage(tiny_checkpoint, tiny_data, tmp_path / "out", "finetune",
               {"precision": "bf16", "epochs": 0.1, "batch_size": 16, "max_length": 32}, log=logged.append)
     assert any("emulated" in m for m in logged)
+
+
+def test_auto_precision_follows_the_device(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
+    """`precision: auto` trains in bf16 where the device has native bfloat16, else in fp32."""
+    import compress.train as train
+
+    seen = _linear_dtypes(monkeypatch)
+    settings = {"precision": "auto", "epochs": 1, "lr": 3e-3, "batch_size": 16, "max_length": 32}
+    monkeypatch.setattr(train, "bf16_native", lambda device: False)
+    run_stage(tiny_checkpoint, tiny_data, tmp_path / "no_bf16", "finetune", settings)
+    assert seen == {torch.float32}
+
+    seen.clear()
+    monkeypatch.setattr(train, "bf16_native", lambda device: True)
+    run_stage(tiny_checkpoint, tiny_data, tmp_path / "bf16", "finetune", settings)
+    assert torch.bfloat16 in seen

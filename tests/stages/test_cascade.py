@@ -10,7 +10,7 @@ from compress.errors import RecipeError, StageError
 from compress.formats import Predictor, load_predictor
 from compress.formats.cascade import CascadePredictor, top_probability
 from compress.recipe import validate_recipe
-from compress.stages.cascade import choose_threshold
+from compress.stages.cascade import Config, choose_threshold, share_threshold
 from tests.conftest import tiny_recipe
 
 # ------------------------------------------------------------------ threshold choice
@@ -45,6 +45,28 @@ def test_threshold_never_splits_ties_and_can_route_everything():
     t, fig = choose_threshold(conf, np.zeros(4, bool), np.ones(4, bool), 0.0)
     assert fig["small_share"] == 0.0 and t > 0.9 and not (conf >= t).any()
     assert len(fig["curve"]) == 11
+
+
+def test_share_threshold_routes_the_least_confident_share():
+    conf = np.linspace(0.99, 0.5, 100)  # descending
+    small = np.ones(100, bool)
+    small[-5:] = False
+    t, fig = share_threshold(conf, small, np.ones(100, bool), 0.2)
+    assert (conf < t).sum() == 20 and fig["small_share"] == pytest.approx(0.8)
+    assert fig["cascade_accuracy"] == 100.0 and fig["target_share"] == 0.2
+    # ties at the cut stay with the small model whole
+    t, fig = share_threshold(np.array([0.9, 0.7, 0.7, 0.6]), np.ones(4, bool), np.ones(4, bool), 0.5)
+    assert t == 0.7 and fig["small_share"] == 0.75
+
+
+def test_one_threshold_rule_at_a_time():
+    assert Config(large="x", route_share=0.15).route_share == 0.15
+    for bad in ({"route_share": 0.1, "max_drop": 0.2}, {"threshold": 0.9, "route_share": 0.1},
+                {"threshold": 0.9, "max_drop": 0.2}):
+        with pytest.raises(ValueError, match="set one of"):
+            Config(large="x", **bad)
+    with pytest.raises(ValueError):
+        Config(large="x", route_share=1.0)
 
 
 # ------------------------------------------------------------------ the predictor
