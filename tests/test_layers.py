@@ -25,7 +25,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     # sources and data
     2: ("compress.sources", "compress.data", "compress.artifacts", "compress.context", "compress.lm_data"),
     # techniques and formats
-    3: ("compress.formats", "compress.formats.*", "compress.train", "compress.distillation", "compress.parity",
+    3: ("compress.formats", "compress.formats.*", "compress.classify", "compress.train", "compress.distillation", "compress.parity",
         "compress.predict", "compress.tasks.*", "compress.lm_export", "compress.lm_bench", "compress.memory_plan"),
     # stages
     4: ("compress.stages", "compress.stages.*"),
