@@ -19,18 +19,18 @@ from pathlib import Path
 
 import numpy as np
 
+from compress.artifacts import ArtifactStore
 from compress.formats import Predictor, load_predictor
+from compress.formats.cascade import member_path, read_spec, top_probability
 from compress.predict import model_inputs
 
 
 def folder_format(path: Path) -> str:
-    """The variant format of a folder: its stage's result.json, else what its files are."""
-    try:
-        fmt = json.loads((path / "result.json").read_text()).get("format")
-        if isinstance(fmt, str):
-            return fmt
-    except (OSError, ValueError, AttributeError):
-        pass
+    """The variant format of a folder: its stage's completion marker when the folder is intact,
+    else what its files are (a folder copied out of its run without the marker)."""
+    marker, _ = ArtifactStore(path.parent).check(path.name)
+    if marker is not None:
+        return marker["format"]
     if (path / "cascade.json").is_file():
         return "cascade"
     if any(path.glob("*.onnx")):
@@ -43,8 +43,6 @@ def folder_format(path: Path) -> str:
 def label_names(path: Path, fmt: str) -> dict[int, str]:
     """id -> class name from the folder's config.json (a cascade: its small member's)."""
     if fmt == "cascade":
-        from compress.formats.cascade import member_path, read_spec
-
         path = member_path(read_spec(path)["small"], path)
     try:
         config = json.loads((path / "config.json").read_text())
@@ -66,12 +64,9 @@ class Classifier:
         batch = {k: np.asarray(v, dtype=np.int64) for k, v in model_inputs(enc, self.predictor.input_names).items()}
         if getattr(self.predictor, "takes_text", False):  # a cascade whose members tokenize differently
             batch["text"] = np.array(texts, dtype=object)
-        z = np.asarray(self.predictor(batch), dtype=np.float64)  # [B, C]
-        probs = np.exp(z - z.max(axis=-1, keepdims=True))
-        probs /= probs.sum(axis=-1, keepdims=True)
-        top = probs.argmax(axis=-1)
-        return [[{"label": self.id2label.get(int(i), f"LABEL_{int(i)}"), "score": float(p[i])}]
-                for i, p in zip(top, probs)]
+        logits = np.asarray(self.predictor(batch))  # [B, C]
+        return [[{"label": self.id2label.get(int(i), f"LABEL_{int(i)}"), "score": float(p)}]
+                for i, p in zip(logits.argmax(axis=-1), top_probability(logits))]
 
 
 def load_classifier(path: str | Path, device: str = "cpu", threads: int | None = None,

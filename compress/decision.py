@@ -340,9 +340,6 @@ def lm_row(m: Measurement, base: Measurement | None, row: Row, samples: int) -> 
     return out
 
 
-    return 100.0 * (np.exp(mean_nll_diff) - 1.0)
-
-
 # Stages that change a model's runtime or graph but not what it computes (up to rounding),
 # and those that quantize it: a variant's lineage through them says which variants of the
 # other runtime are the same model at the same precision.

@@ -125,14 +125,19 @@ def share_threshold(confidence, small_correct, large_correct, share: float) -> t
     ordered = np.sort(conf)
     k = int(round(share * len(conf)))  # rows routed
     t = float(ordered[k]) if k < len(conf) else float(np.nextafter(ordered[-1], np.inf))
+    return t, {**at_threshold(t, conf, small_c, large_c), "target_share": share}
+
+
+def at_threshold(t: float, conf, small_c, large_c) -> dict:
+    """Calibration figures of a given threshold t (arrays [N]: confidence, and whether each
+    member is right): both members' accuracy, the cascade's, and the share the small one answers."""
     answered = conf >= t
-    return t, {
+    return {
         "large_accuracy": float(large_c.mean() * 100),
         "small_accuracy": float(small_c.mean() * 100),
         "cascade_accuracy": float(((answered & small_c) | (~answered & large_c)).mean() * 100),
         "small_share": float(answered.mean()),
         "target_drop": None,
-        "target_share": share,
     }
 
 
@@ -186,11 +191,7 @@ def run(ctx) -> Result:
         threshold, calibration = choose_threshold(conf, small_correct, large_correct, target)
     if cfg.threshold is not None:  # fixed in the recipe: report what it does on calibration
         threshold = cfg.threshold
-        answered = conf >= threshold
-        calibration.update({
-            "cascade_accuracy": float(((answered & small_correct) | (~answered & large_correct)).mean() * 100),
-            "small_share": float(answered.mean()), "target_drop": None,
-        })
+        calibration.update(at_threshold(threshold, conf, small_correct, large_correct))
     calibration.update({"examples": int(len(calib)), "threshold_from": "config" if cfg.threshold is not None else "calibration"})
     ctx.log(f"  calibration ({len(calib)} ex): small {calibration['small_accuracy']:.2f}, large "
             f"{calibration['large_accuracy']:.2f}, cascade {calibration['cascade_accuracy']:.2f} with "
