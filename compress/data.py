@@ -394,6 +394,25 @@ class Data:
         # Whole held-out sentences calibrate instead: no training row need be set aside.
         return 0 if self.holdout_calibration is not None else self.CALIBRATION_RESERVE
 
+    @property
+    def train_unheld(self) -> Split:
+        """The training split without the rows held out (`data.holdout`: the check and
+        calibration sentences and every phrase of them): what a stage may read from the
+        training split as a whole, e.g. trim_vocab's corpus. Without a holdout, the whole split."""
+        if self.holdout_calibration is None:
+            return self.train_full
+        return self.train_full.select(np.sort(self._order))
+
+    @property
+    def sentences(self) -> frozenset[str]:
+        """The whole sentences of the training split (`whole_rows`), as their words joined by
+        single spaces: what augmentation copies. Computed on first use (seconds for SST-2)."""
+        if getattr(self, "_sentences", None) is None:
+            full = self.train_full
+            rows = range(len(full)) if full.pairs is not None else whole_rows(full.texts)
+            self._sentences = frozenset(" ".join(full.texts[i].split()) for i in rows)
+        return self._sentences
+
     def train_pool(self, n: int | None) -> Split:
         """The training subset, then further examples of the training split in the fixed
         order, n in all (None: as many as there are), skipping the calibration reserve."""
@@ -465,6 +484,23 @@ class Data:
         }
 
 
+def whole_rows(texts: list[str]) -> np.ndarray:
+    """Indices of rows whose words are not a contiguous span of a longer row's [n].
+
+    Treebank data (SST-2) lists each sentence and then every phrase of its parse as rows of
+    their own; the sentences are the rows no other row contains. O(sum of len^2) string
+    spans: seconds for SST-2's 67k rows. Written here because no data library knows
+    phrase-level treebank rows."""
+    tokens = [" ".join(t.split()) for t in texts]
+    spans: set[str] = set()
+    for t in tokens:
+        w = t.split()
+        for i in range(len(w)):
+            for j in range(i + 1, len(w) + 1 - (i == 0)):  # every proper span
+                spans.add(" ".join(w[i:j]))
+    return np.array([i for i, t in enumerate(tokens) if t and t not in spans], dtype=np.int64)
+
+
 def carve_sentences(split: Split, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Picks n whole sentences of a training split, and every row learned from them.
 
@@ -478,16 +514,7 @@ def carve_sentences(split: Split, n: int, seed: int) -> tuple[np.ndarray, np.nda
     """
     rng = np.random.default_rng(seed + 1)  # not the training order's stream
     tokens = [" ".join(t.split()) for t in split.texts]
-    if split.pairs is not None:
-        whole = np.arange(len(tokens))
-    else:
-        spans: set[str] = set()
-        for t in tokens:  # every proper contiguous span of every row: O(sum of len^2), seconds for SST-2
-            w = t.split()
-            for i in range(len(w)):
-                for j in range(i + 1, len(w) + 1 - (i == 0)):
-                    spans.add(" ".join(w[i:j]))
-        whole = np.array([i for i, t in enumerate(tokens) if t and t not in spans], dtype=np.int64)
+    whole = np.arange(len(tokens)) if split.pairs is not None else whole_rows(split.texts)
     picked = whole[rng.permutation(len(whole))[: min(n, len(whole))]]
     if split.pairs is not None:
         return picked, picked

@@ -13,7 +13,11 @@ teacher's; T^2 keeps its gradient scale independent of T, Hinton et al. 2015).
 Teacher logits over the training examples are computed once, cached under the run folder
 (keyed by teacher, training data, example count and max_length) and copied into the output as
 `teacher_logits.npy`: with `hidden_weight: 0` the teacher costs nothing per epoch, and a
-re-run with other student settings reuses them. Hidden states are too large to cache
+re-run with other student settings reuses them. That one pass runs in bfloat16 where the
+hardware has it (`teacher_precision`; the logits are kept in fp32). `augment` adds copies of
+the whole training sentences with words masked or swapped (compress/augment.py) for the
+teacher to label: on SST-2 most training rows are short phrases, and a 3-layer student
+distilled on them alone fell further behind its teacher on whole sentences than on phrases. Hidden states are too large to cache
 (examples x tokens x hidden x layers floats: gigabytes for SST-2), so the cosine loss runs
 the teacher forward on every step, which makes training slower by roughly the teacher's
 forward time (about +50% for a 6-layer fp32 teacher and a 3-layer student). That pass takes no
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
 from compress.architectures import get as get_arch
+from compress.augment import AugmentSpec
 from compress.predict import encode, model_inputs, predict_logits
 from compress.train import TrainSettings, bf16_native, train, unwrap, warn_if_bf16_emulated
 
@@ -66,12 +71,17 @@ class DistillSettings(TrainSettings):
     )
     teacher_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto",
-        description="Arithmetic of the teacher's forward pass that feeds the hidden-state loss (only with "
-        "hidden_weight > 0; the cached logits are always fp32, and the student trains in `precision`). "
-        "`auto`: bf16 where the device computes bfloat16 natively (AVX512-BF16 or AMX CPUs, Ampere and "
-        "later GPUs), else fp32. The teacher takes no gradient, so bf16 costs only rounding of its "
-        "targets: the MiniLM-L6 teacher's hidden states agree with fp32 to a cosine of 0.9999, its pass "
-        "ran about 1.8x faster on a 2-core AVX512-BF16 CPU, and a 4-layer student trained 1.25x faster.",
+        description="Arithmetic of the teacher's forward passes: the one-off pass whose logits are cached, "
+        "and, with hidden_weight > 0, the pass on every step that feeds the hidden-state loss (the student "
+        "trains in `precision`). `auto`: bf16 where the device computes bfloat16 natively (AVX512-BF16 or "
+        "AMX CPUs, Ampere and later GPUs), else fp32. The teacher takes no gradient, so bf16 costs only "
+        "rounding of its targets (logits are kept in fp32), at about half the time of an fp32 pass.",
+    )
+    augment: AugmentSpec = Field(
+        default_factory=AugmentSpec,
+        description="Augmented copies of the whole sentences among the training examples (words masked or "
+        "swapped, spans cut; compress/augment.py), added to them and labelled by the teacher: a small "
+        "student sees sentence-length inputs, not only short phrases.",
     )
     teacher_batch_size: PositiveInt = Field(64, description="Batch size of the one-off teacher pass.")
 
@@ -103,10 +113,16 @@ class DistillSettings(TrainSettings):
 # Teacher logits, the loss, the training run
 
 
-def teacher_cache_key(teacher_fingerprint: str, train_fingerprint: str, max_length: int, examples: int) -> str:
+def teacher_cache_key(teacher_fingerprint: str, train_fingerprint: str, max_length: int, examples: int,
+                      augment: AugmentSpec | None = None, precision: str = "fp32") -> str:
     # The training split's fingerprint, its seed and the example count fix which examples
-    # (and in which order) the logits belong to.
-    h = hashlib.sha256(f"{teacher_fingerprint}/{train_fingerprint}/{max_length}/{examples}".encode()).hexdigest()
+    # (and in which order) the logits belong to; the augmentation fixes the copies after them.
+    extra = ""
+    if augment is not None and augment.copies:
+        extra += "/augment " + augment.model_dump_json()
+    if precision != "fp32":  # absent for fp32: caches of earlier runs stay valid
+        extra += f"/{precision}"
+    h = hashlib.sha256(f"{teacher_fingerprint}/{train_fingerprint}/{max_length}/{examples}{extra}".encode()).hexdigest()
     return f"teacher_logits-{h[:32]}"
 
 
@@ -114,6 +130,11 @@ def teacher_precision(settings: DistillSettings, device: str) -> str | None:
     """The arithmetic the live teacher runs in (None when the hidden-state loss is off)."""
     if settings.hidden_weight <= 0:
         return None
+    return logits_precision(settings, device)
+
+
+def logits_precision(settings: DistillSettings, device: str) -> str:
+    """The arithmetic of the teacher's passes (`teacher_precision`, `auto` by the device)."""
     if settings.teacher_precision == "auto":
         return "bf16" if bf16_native(device) else "fp32"
     return settings.teacher_precision
@@ -127,19 +148,38 @@ def training_split(ctx: "StageContext", settings: DistillSettings):
     return ctx.data.train_pool(None if n == "all" else n)
 
 
+def with_augmented(ctx: "StageContext", split, settings: DistillSettings, mask_token: str | None):
+    """`split`, then the augmented copies of its whole sentences (DistillSettings.augment;
+    `mask_token` is the tokenizer's, None where it has none). Returns (that split, the
+    number of copies)."""
+    if not settings.augment.copies:
+        return split, 0
+    import numpy as np
+
+    from compress.augment import augment
+    from compress.data import Split
+
+    extra = augment(split, settings.augment, mask_token, ctx.data.sentences)
+    joined = Split(split.texts + extra.texts, None if split.pairs is None else split.pairs + extra.pairs,
+                   np.concatenate([split.labels, extra.labels]))
+    return joined, len(extra)
+
+
 def cached_teacher_logits(
     ctx: "StageContext", teacher, tokenizer, data: "Encoded", teacher_fingerprint: str, max_length: int,
-    batch_size: int = 64,
+    batch_size: int = 64, augment: AugmentSpec | None = None, precision: str = "fp32",
 ) -> tuple["np.ndarray", dict]:
-    """Teacher logits [N, C] over `data` (rows in `data` order), from the run folder's cache
-    when this teacher, training data and max_length were seen before. Also written to the
-    stage output as teacher_logits.npy. Returns (logits, info for the result)."""
+    """Teacher logits [N, C] (fp32) over `data` (rows in `data` order), from the run folder's
+    cache when this teacher, training data, augmentation, max_length and precision were seen
+    before. Also written to the stage output as teacher_logits.npy. Returns (logits, info for
+    the result)."""
     import os
     import time
 
     import numpy as np
+    import torch
 
-    key = teacher_cache_key(teacher_fingerprint, ctx.data.train_fingerprint, max_length, len(data))
+    key = teacher_cache_key(teacher_fingerprint, ctx.data.train_fingerprint, max_length, len(data), augment, precision)
     path = ctx.cache_dir(key) / "teacher_logits.npy"
     logits = None
     if path.is_file():
@@ -153,7 +193,8 @@ def cached_teacher_logits(
     seconds = 0.0
     if logits is None:
         t0 = time.perf_counter()
-        with ctx.progress(len(data), "teacher logits") as bar:
+        with ctx.progress(len(data), "teacher logits") as bar, \
+                torch.autocast(torch.device(ctx.device).type, torch.bfloat16, enabled=precision == "bf16"):
             logits = predict_logits(teacher, tokenizer, data, batch_size, ctx.device, on_batch=bar.advance)
         seconds = time.perf_counter() - t0
         tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
@@ -161,8 +202,9 @@ def cached_teacher_logits(
             np.save(fh, logits)
         os.replace(tmp, path)  # atomic: a reader sees nothing or the whole file
     np.save(ctx.out / "teacher_logits.npy", logits)
-    ctx.log(f"  teacher logits: {'reused from cache' if reused else f'computed in {seconds:.0f}s'} ({key})")
-    return logits, {"key": key, "reused": reused, "seconds": round(seconds, 2), "examples": int(logits.shape[0])}
+    ctx.log(f"  teacher logits: {'reused from cache' if reused else f'computed in {seconds:.0f}s ({precision})'} ({key})")
+    return logits, {"key": key, "reused": reused, "seconds": round(seconds, 2), "examples": int(logits.shape[0]),
+                    "precision": precision}
 
 
 def distill_loss(
@@ -214,20 +256,25 @@ def distill_loss(
 
 def distill_from(ctx: "StageContext", student, teacher, tokenizer, settings: DistillSettings,
                  layer_pairs: list[tuple[int, int]], description: str,
-                 student_inputs: "Callable[[Encoded], Encoded] | None" = None):
+                 student_inputs: "Callable[[Encoded], Encoded] | None" = None, teacher_identity: str | None = None):
     """Trains `student` towards `teacher` (the stage's input) on `training_split`, with the
     teacher's logits from the run cache. `student_inputs` maps the teacher's tokenised
     examples to what the student sees instead (same examples, same order: trim_vocab's
-    re-split words). Returns (the unwrapped student, TrainStats, cache info, the teacher's
-    accuracy on those training examples in percent)."""
+    re-split words). `teacher_identity`: the teacher's fingerprint when it is not the stage's
+    input (prune's `teacher`). Returns (the unwrapped student, TrainStats, cache info, the
+    teacher's accuracy on those training examples in percent)."""
     import torch
 
-    split = training_split(ctx, settings)
+    split, copies = with_augmented(ctx, training_split(ctx, settings), settings, tokenizer.mask_token)
+    if copies:
+        ctx.log(f"  {copies} augmented copies of whole sentences added to {len(split) - copies} training examples")
     data = encode(tokenizer, split, settings.max_length)
     logits, cache_info = cached_teacher_logits(
-        ctx, teacher, tokenizer, data, ctx.input.identity, settings.max_length, settings.teacher_batch_size
+        ctx, teacher, tokenizer, data, teacher_identity or ctx.input.identity, settings.max_length, settings.teacher_batch_size,
+        settings.augment, logits_precision(settings, ctx.device),
     )
-    teacher_acc = float((logits.argmax(-1) == split.labels).mean() * 100)
+    n_plain = len(split) - copies  # the teacher's accuracy on real examples, not on the copies
+    teacher_acc = float((logits[:n_plain].argmax(-1) == split.labels[:n_plain]).mean() * 100)
     live_teacher = teacher if settings.hidden_weight > 0 else None  # only the hidden-state loss runs it
     precision = teacher_precision(settings, ctx.device)
     if precision is not None:

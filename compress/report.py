@@ -72,7 +72,9 @@ def print_report(report: "Report | dict", console=None) -> None:
         console.print(f"  [dim]{escape(line)}[/dim]", highlight=False)
     if d.selected:
         console.print(f"[bold green]deploy: {d.selected}[/bold green] ({d.objective} on {d.device}, "
-                      f"max drop {report.budget.quality_limit(report.metric.name)} {report.metric.delta_unit})", highlight=False)
+                      f"max drop {report.budget.quality_limit(report.metric.name)} {report.metric.delta_unit}"
+                      + (", on the interval's lower end" if report.budget.gate_on == "ci_lower" else "") + ")",
+                      highlight=False)
     elif d.too_few_eval_examples:
         console.print("[bold red]nothing deployed: too few eval sentences to decide[/bold red] (exit 3)", highlight=False)
     else:

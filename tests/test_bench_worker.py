@@ -175,3 +175,21 @@ def test_non_finite_logits_fail_the_variant_instead_of_scoring_it(tiny_classifie
             "max_length": 16, "warmup": 0, "max_latency_examples": 3, "eval_file": str(eval_file)}
     with pytest.raises(ValueError, match="NaN or infinite logits for 6 of 6"):
         bench_worker.measure(spec)
+
+
+def test_torch_free_workers_are_onnx_openvino_and_cascades_of_them(tmp_path):
+    from compress.measure import BenchJob
+
+    def job(fmt, path=tmp_path, **kw):
+        return BenchJob(format=fmt, path=str(path), device="cpu", threads=1, batch_sizes=[1], max_length=8,
+                        warmup=0, eval_file=str(tmp_path / "e.jsonl"), **kw)
+
+    assert bench_worker.torch_free(job("onnx")) and bench_worker.torch_free(job("openvino"))
+    assert not bench_worker.torch_free(job("hf")) and not bench_worker.torch_free(job("torch_int8"))
+    for small, large, free in (("openvino", "onnx", True), ("onnx", "hf", False)):
+        folder = tmp_path / f"{small}_{large}"
+        folder.mkdir()
+        (folder / "cascade.json").write_text(json.dumps({"small": {"format": small, "path": "a"},
+                                                         "large": {"format": large, "path": "b"}, "threshold": 0.9}))
+        assert bench_worker.torch_free(job("cascade", folder)) is free
+    assert not bench_worker.torch_free(job("cascade", tmp_path / "missing"))

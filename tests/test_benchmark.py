@@ -207,3 +207,28 @@ def test_a_cached_measurement_of_another_shape_is_measured_again(tmp_path, monke
     assert len(calls) == 5
     run()
     assert len(calls) == 5  # the rewritten cache is read back
+
+
+def test_an_onnx_worker_runs_without_importing_torch(tiny_classifier, tiny_data, tmp_path, monkeypatch):
+    """Importing torch is most of a worker's start; an ONNX variant's worker must not need it.
+    A `torch` on the import path that refuses to load proves it: the ONNX worker measures,
+    a torch variant's worker fails on it."""
+    from compress.measure import BenchJob
+    from tests.stages.onnx_helpers import run_kind
+
+    onnx_dir = tmp_path / "onnx"
+    run_kind("export_onnx", {}, tiny_classifier, "hf", tiny_data, onnx_dir)
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    eval_file = bench / "eval.jsonl"
+    eval_file.write_text('{"text": "a fine film", "label": 1}\n{"text": "a dull one", "label": 0}\n')
+    spec = dict(device="cpu", threads=1, batch_sizes=[1], max_length=16, warmup=0, max_latency_examples=2,
+                eval_file=str(eval_file))
+    onnx = benchmark._run_worker(BenchJob(format="onnx", path=str(onnx_dir), **spec), bench, "o", "cpu", 1)
+    assert onnx.ok, onnx.error
+    torch_job = benchmark._run_worker(BenchJob(format="hf", path=str(tiny_classifier), **spec), bench, "h", "cpu", 1)
+    assert torch_job.ok is False and "torch was imported" in torch_job.error

@@ -167,6 +167,14 @@ def test_holdout_carves_whole_sentences_and_every_phrase_of_them(tmp_path):
     assert "work" not in trained  # a span of a held-out sentence, however common
     assert d.calibration(4).texts == cal.texts[:4] and len(d.calibration(100)) == 6
     assert d.describe()["holdout_check"] == 10
+    # The split as a whole (e.g. trim_vocab's corpus) leaves them out too, and keeps the rest.
+    unheld = set(d.train_unheld.texts)
+    assert not unheld & (set(cal.texts) | set(check.texts)) and "work" not in unheld
+    assert unheld == {t for t, _ in rows} - set(cal.texts) - set(check.texts) - {"work"} - {
+        " ".join(s.split()[k]) for s in cal.texts + check.texts for k in (slice(2, None), slice(None, 2))}
+    # Whole sentences for augmentation: the rows no other row contains (held-out ones included:
+    # a copy is only made of a sentence that is among the training examples).
+    assert d.sentences == frozenset(sentences)
 
 
 def test_holdout_changes_the_training_fingerprint_only_when_set(tmp_path):

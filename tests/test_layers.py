@@ -26,7 +26,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     2: ("compress.sources", "compress.data", "compress.artifacts", "compress.context", "compress.lm_data"),
     # techniques and formats
     3: ("compress.formats", "compress.formats.*", "compress.classify", "compress.train", "compress.distillation", "compress.parity",
-        "compress.predict", "compress.tasks.*", "compress.lm_export", "compress.lm_bench", "compress.memory_plan"),
+        "compress.predict", "compress.augment", "compress.tasks.*", "compress.lm_export", "compress.lm_bench", "compress.memory_plan"),
     # stages
     4: ("compress.stages", "compress.stages.*"),
     # benchmark

@@ -29,6 +29,7 @@ FORMATS = set(typing.get_args(Format))
 # The smallest `with:` block for kinds whose config cannot be built from defaults alone.
 EXAMPLES: dict[str, dict] = {
     "cascade": {"large": "baseline"},  # the large variant is a stage id; nothing to default to
+    "prune": {"teacher": "baseline"},  # an optional reference: set, so the contract sees it
 }
 
 # Packages a kind's config checks for at validation time (without importing them).

@@ -22,7 +22,10 @@ number in each layer (chosen per layer by importance): the config's single
 ranking with uneven widths is not offered.
 
 `recovery: true` then fine-tunes the pruned model briefly with distillation from the
-unpruned input (compress/distillation.py: the distill stage's loss and cached teacher logits).
+unpruned input (compress/distillation.py: the distill stage's loss and cached teacher logits),
+or from another stage's model (`teacher`), e.g. the task baseline a student was distilled
+from: a better teacher than the student, and its logits over the same training examples
+are already in the run's cache.
 
 Architectures: the families in compress/architectures.py (BERT, DistilBERT, RoBERTa,
 XLM-RoBERTa, ELECTRA, DeBERTa-v2/v3, ALBERT, MPNet, ModernBERT). How heads go depends on
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, model_validator
 
 # The per-family description (where the projections live) is shared with distillation.
 from compress.architectures import ARCHS, Arch, get as get_arch, unsupported  # noqa: F401
@@ -64,6 +67,24 @@ class Config(DistillSettings):
     recovery: bool = Field(
         True, description="Fine-tune after pruning, distilling from the unpruned input (see the training fields)."
     )
+    teacher: str | None = Field(
+        None,
+        description="Stage id of the model the recovery distils from instead of the unpruned input: a "
+        "transformers classifier with the same tokenizer and labels, e.g. the baseline a student was "
+        "distilled from (its cached logits are reused when the training examples are the same).",
+    )
+
+    @model_validator(mode="after")
+    def _teacher(self):
+        if self.teacher is not None and not self.recovery:
+            raise ValueError("`teacher` is the recovery's teacher: set recovery: true, or drop `teacher`")
+        if self.teacher is not None and self.hidden_weight > 0:
+            raise ValueError("hidden_weight matches the pruned model's layers to its unpruned input's: "
+                             "with another `teacher`, set hidden_weight: 0")
+        return self
+
+    def refs(self) -> dict[str, str]:
+        return {} if self.teacher is None else {"teacher": self.teacher}
 
 
 class Result(StageResult):
@@ -299,11 +320,21 @@ def run(ctx) -> Result:
 
     recovery = None
     if cfg.recovery:
-        teacher = hf.load_model(ctx.input.path, ctx.recipe.model.trust_remote_code).eval().to(ctx.device)
+        source = ctx.input if cfg.teacher is None else ctx.refs["teacher"]
+        if source.format != "hf":
+            raise StageError(f"{ctx.stage_id}: teacher '{cfg.teacher}' is a {source.format} model; the recovery "
+                             f"needs a transformers classifier (a finetune, distill or prune stage)")
+        teacher = hf.load_model(source.path, ctx.recipe.model.trust_remote_code).eval().to(ctx.device)
+        if cfg.teacher is not None:
+            t_tok = AutoTokenizer.from_pretrained(source.path, trust_remote_code=ctx.recipe.model.trust_remote_code)
+            if t_tok.get_vocab() != tokenizer.get_vocab() or teacher.config.num_labels != model.config.num_labels:
+                raise StageError(f"{ctx.stage_id}: teacher '{cfg.teacher}' has another tokenizer or label set than "
+                                 f"the model it teaches; name a stage of the same chain")
         pairs = [(i, i) for i in range(model.config.num_hidden_layers)]
-        model, stats, cache, _ = distill_from(ctx, model, teacher, tokenizer, cfg, pairs, f"{ctx.stage_id}: recovery")
+        model, stats, cache, _ = distill_from(ctx, model, teacher, tokenizer, cfg, pairs, f"{ctx.stage_id}: recovery",
+                                              teacher_identity=source.identity)
         ctx.log(f"  recovery: {stats.examples} examples in {stats.seconds:.0f}s ({stats.examples_per_s:.0f} ex/s)")
-        recovery = {"train": stats.as_dict(), "teacher_cache": cache}
+        recovery = {"train": stats.as_dict(), "teacher_cache": cache, "teacher": cfg.teacher or "input"}
 
     model.eval()
     hf.save(model, tokenizer, ctx.out)
@@ -331,6 +362,7 @@ KIND = StageKind(
     result=Result,
     run=run,
     accepts=("hf",),
+    ref_accepts=("hf",),  # the recovery's `teacher`
     produces="hf",
     check_model=check_model,
     keeps_architecture=lambda cfg: True,

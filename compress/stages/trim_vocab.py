@@ -57,7 +57,8 @@ class Config(DistillSettings):
     corpus: Literal["train_full", "train"] = Field(
         "train_full",
         description="Text whose tokens are kept: the whole training split (`train_full`) or only the "
-        "training subset (`train`, data.max_train_examples). The eval split is never used.",
+        "training subset (`train`, data.max_train_examples). The eval split and the held-out sentences "
+        "(data.holdout) are never used.",
     )
     min_count: PositiveInt = Field(1, description="Keep a token only if it occurs at least this often.")
     keep: list[str] = Field(
@@ -355,7 +356,9 @@ def run(ctx) -> Result:
     params_before = sum(p.numel() for p in model.parameters())
     vocab_before = len(tok)
 
-    split = ctx.data.train_full if cfg.corpus == "train_full" else ctx.data.train
+    # Never the held-out sentences (data.holdout): their words must reach the model as new
+    # eval words do, or a held-out check would not see what trimming costs.
+    split = ctx.data.train_unheld if cfg.corpus == "train_full" else ctx.data.train
     counts: Counter = Counter()
     for ids in _token_lists(tok, split):
         counts.update(ids)

@@ -132,8 +132,9 @@ def test_teacher_logits_are_cached_equal_a_fresh_pass_and_reused(tiny_classifier
     from compress.predict import encode, predict_logits
 
     cache = tmp_path / "cache"
-    first = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "a", "distill", FAST, cache_root=cache)
-    assert first.teacher_cache["reused"] is False
+    fp32 = {**FAST, "teacher_precision": "fp32"}  # compared with an fp32 pass below
+    first = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "a", "distill", fp32, cache_root=cache)
+    assert first.teacher_cache["reused"] is False and first.teacher_cache["precision"] == "fp32"
     assert first.student_layers == 2 and first.initialised_from == [1, 3] and first.params < first.params_teacher
     cached = np.load(tmp_path / "a" / "teacher_logits.npy")
 
@@ -148,13 +149,39 @@ def test_teacher_logits_are_cached_equal_a_fresh_pass_and_reused(tiny_classifier
 
     # Other student settings: same teacher, data and max_length -> the cache is reused.
     second = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "b", "distill",
-                       {**FAST, "lr": 5e-4, "layers": [3], "alpha": 0.9}, cache_root=cache)
+                       {**fp32, "lr": 5e-4, "layers": [3], "alpha": 0.9}, cache_root=cache)
     assert second.teacher_cache["reused"] is True and second.teacher_cache["key"] == first.teacher_cache["key"]
     assert second.student_layers == 1
     np.testing.assert_array_equal(np.load(tmp_path / "b" / "teacher_logits.npy"), cached)
     # Another max_length is another key.
-    third = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "c", "distill", {**FAST, "max_length": 16}, cache_root=cache)
+    third = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "c", "distill", {**fp32, "max_length": 16}, cache_root=cache)
     assert third.teacher_cache["reused"] is False
+    # A bf16 teacher pass is another key, and its fp32-kept logits stay close to the fp32 pass's.
+    bf16 = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "d", "distill", {**FAST, "teacher_precision": "bf16"},
+                     cache_root=cache)
+    assert bf16.teacher_cache["reused"] is False and bf16.teacher_cache["precision"] == "bf16"
+    rounded = np.load(tmp_path / "d" / "teacher_logits.npy")
+    assert rounded.dtype == np.float32 and not np.array_equal(rounded, cached)
+    np.testing.assert_allclose(rounded, cached, atol=0.1)
+
+
+def test_augmented_copies_of_whole_sentences_join_the_training_examples(tiny_classifier_4l, tiny_data, tmp_path):
+    from compress.data import Data
+
+    cache = tmp_path / "cache"
+    plain = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "a", "distill", FAST, cache_root=cache)
+    aug = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "b", "distill", {**FAST, "augment": {"copies": 2}},
+                    cache_root=cache)
+    raw = tiny_recipe(tiny_classifier_4l, tiny_data)
+    raw["data"]["max_train_examples"] = 200
+    recipe = validate_recipe(raw)
+    data = Data(recipe.data, recipe.base_dir)
+    sentences = sum(" ".join(t.split()) in data.sentences for t in data.train.texts)
+    assert sentences > 0
+    assert aug.train_examples == plain.train_examples + 2 * sentences
+    assert aug.teacher_cache["key"] != plain.teacher_cache["key"]  # the copies are other examples
+    # The teacher's accuracy is on the real examples only, so both runs report the same figure.
+    assert aug.teacher_train_accuracy == plain.teacher_train_accuracy
 
 
 def test_hidden_state_loss_trains_and_saves_a_loadable_student(tiny_classifier_4l, tiny_data, tmp_path):
@@ -176,6 +203,8 @@ def _recipe(model, data, settings):
 
 
 @pytest.mark.parametrize("settings, key", [
+    ({"augment": {"copies": 2, "mask": 0.8, "swap": 0.8}}, "stages[0].with.augment"),
+    ({"augment": {"copies": 2, "typo": 1}}, "stages[0].with.augment.typo"),
     ({"layers": [0, 0]}, "stages[0].with.layers"),
     ({"alpha": 1.5}, "stages[0].with.alpha"),
     ({"temperature": 0}, "stages[0].with.temperature"),

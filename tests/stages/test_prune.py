@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -191,3 +192,58 @@ def test_other_architectures_prune_and_reload(model_type, tmp_path):
     assert sum(p.numel() for p in reloaded.parameters()) == sum(p.numel() for p in model.parameters())
     with torch.inference_mode():
         torch.testing.assert_close(reloaded(**x).logits, model(**x).logits, atol=1e-5, rtol=0)
+
+
+def test_recovery_distils_from_another_stage_as_teacher(tiny_classifier, tiny_classifier_4l, tiny_data, tmp_path):
+    """`teacher` names the model the recovery distils from: its logits (not the unpruned
+    input's) are cached and trained towards, under its own fingerprint."""
+    from compress.artifacts import Artifact
+    from compress.context import StageContext
+    from compress.data import Data
+    from compress.distillation import teacher_cache_key
+    from compress.registry import get_stage
+
+    settings = {"heads": 0.5, "ffn": 0.5, "importance_examples": 32, "max_length": 32, "epochs": 1, "lr": 1e-3,
+                "teacher_precision": "fp32"}
+    raw = tiny_recipe(tiny_classifier, tiny_data)
+    raw["data"]["max_train_examples"] = 200
+    raw["stages"] = [{"id": "big", "uses": "finetune", "with": {"epochs": 1}},
+                     {"id": "small", "uses": "prune", "from": "big", "with": {**settings, "teacher": "big"}}]
+    raw["budget"] = {"baseline": "big"}
+    recipe = validate_recipe(raw)
+    data = Data(recipe.data, recipe.base_dir)
+
+    def run(teacher_path: Path, teacher_fp: str, out: Path):
+        ctx = StageContext(
+            stage_id="small", config=recipe.stage("small").config,
+            input=Artifact("input", tiny_classifier, "hf", "input-fp"), out=out, recipe=recipe,
+            refs={"teacher": Artifact("big", teacher_path, "hf", teacher_fp)},
+            _data=lambda: data, log=lambda m: None, threads=1, cache_root=tmp_path / "cache",
+        )
+        out.mkdir()
+        return get_stage("prune").run(ctx)
+
+    result = run(tiny_classifier_4l, "teacher-fp", tmp_path / "a")
+    assert result.recovery["teacher"] == "big"
+    assert result.recovery["teacher_cache"]["key"] == teacher_cache_key("teacher-fp", data.train_fingerprint, 32, 200)
+    from transformers import AutoTokenizer
+
+    from compress.formats import hf
+    from compress.predict import encode, predict_logits
+
+    tok = AutoTokenizer.from_pretrained(tiny_classifier_4l)
+    expected = predict_logits(hf.load_model(tiny_classifier_4l), tok, encode(tok, data.train, 32))
+    np.testing.assert_allclose(np.load(tmp_path / "a" / "teacher_logits.npy"), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"teacher": "big", "recovery": False}, "recovery: true"),
+    ({"teacher": "big", "hidden_weight": 1.0}, "hidden_weight: 0"),
+])
+def test_teacher_needs_recovery_and_no_hidden_loss(tiny_classifier, tiny_data, settings, message):
+    raw = tiny_recipe(tiny_classifier, tiny_data)
+    raw["stages"] = [{"id": "big", "uses": "finetune", "with": {"epochs": 1}},
+                     {"id": "small", "uses": "prune", "from": "big", "with": settings}]
+    raw["budget"] = {"baseline": "big"}
+    with pytest.raises(RecipeError, match=message):
+        validate_recipe(raw)
