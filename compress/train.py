@@ -47,12 +47,12 @@ class TrainSettings(StageConfig):
         False,
         description="Keep the word-embedding matrix fixed. For a small encoder it is half the "
         "parameters (MiniLM-L6: 11.7M of 22.7M), and its dense gradient and AdamW update are a large "
-        "share of every step on a CPU: freezing it trains a 3-layer MiniLM student about 1.6x faster.",
+        "share of every step on a CPU: freezing it trains a small student markedly faster.",
     )
     precision: Literal["fp32", "bf16", "auto"] = Field(
         "fp32",
         description="Arithmetic of forward and backward passes. `bf16`: bfloat16 autocast (weights and "
-        "optimiser state stay fp32), about 1.5x faster where the hardware computes bfloat16 natively "
+        "optimiser state stay fp32), faster where the hardware computes bfloat16 natively "
         "(CPUs with AVX512-BF16 or AMX, Ampere and later GPUs); elsewhere it is emulated and slower, so "
         "the run warns. `auto`: bf16 where it is native, else fp32, so one recipe suits both kinds of "
         "machine. The teacher's forward pass of a distillation runs under it too.",

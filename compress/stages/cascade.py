@@ -197,15 +197,27 @@ def run(ctx) -> Result:
             f"{calibration['large_accuracy']:.2f}, cascade {calibration['cascade_accuracy']:.2f} with "
             f"{calibration['small_share']:.0%} answered by '{small_art.id}' (threshold {threshold:.4f})")
 
-    notes = []
-    if calibration["small_share"] == 0 and cfg.route_share is None:
-        notes.append(f"the small variant answers no calibration input within the drop of {target:.2f} points; "
-                     f"every input goes to '{large_art.id}'")
+    notes = routing_notes(calibration["small_share"], cfg, target, large_art.id)
     spec = {"small": _member(small_art), "large": _member(large_art), "threshold": threshold,
             "calibration": calibration}
     (ctx.out / SPEC_FILE).write_text(json.dumps(spec, indent=1))
     return Result(format="cascade", small=spec["small"], large=spec["large"], threshold=threshold,
                   calibration=calibration, notes=notes)
+
+
+def routing_notes(small_share: float, cfg: Config, target: float, large_id: str) -> list[str]:
+    """What to tell the user when the chosen threshold leaves one member all the work: a
+    cascade that routes nothing is its small member plus the large one's load time and memory."""
+    if cfg.route_share is not None:  # the share was asked for
+        return []
+    if small_share == 0:
+        return [f"the small variant answers no calibration input within the drop of {target:.2f} points; "
+                f"every input goes to '{large_id}'"]
+    if small_share == 1 and cfg.threshold is None:
+        return [f"the small variant alone is within {target:.2f} points of '{large_id}' on the calibration "
+                f"slice, so no input goes on: set `route_share` (or a lower `max_drop`) to send the least "
+                f"confident inputs to '{large_id}'"]
+    return []
 
 
 KIND = StageKind(

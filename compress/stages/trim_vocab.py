@@ -77,19 +77,14 @@ class Config(DistillSettings):
         "such as [unused0] aside. BERT-style vocab.txt files list characters, then whole words roughly by "
         "frequency, so this keeps the commonest words that the corpus happens to lack: eval words then "
         "keep their own embedding instead of being split into other pieces. It helps less than one "
-        "would hope: on SST-2 dev, over nine pruned 3-layer MiniLM students, trimming with the whole "
-        "training split and keep_top 10000 / 14000 / 18000 changed accuracy by -0.41 / -0.34 / -0.29 "
-        "points on average (range -0.92 to +0.12): the loss comes from rare words beyond any top N.",
+        "would hope: most of the loss comes from rare words beyond any top N.",
     )
     recovery: bool = Field(
         False,
         description="Before cutting, distil from the untrimmed input on training text in which words "
         "are randomly split the way the trimmed vocabulary splits words it lacks (see `split_prob`), so "
-        "that eval words missing from the corpus cost less accuracy. SST-2 dev, keep_top 10000, 24k "
-        "examples, untrimmed input to trimmed output: a pruned 3-layer MiniLM student lost 0.80 points "
-        "without it and 0.23 with it (0.34 with the same training but split_prob 0); the unpruned "
-        "student lost nothing to trimming (+0.11) and 0.58 with it. The effect is a few sentences of "
-        "872 either way: turn it on where the benchmark shows trimming hurts.",
+        "that eval words missing from the corpus cost less accuracy. Its effect is small and goes either "
+        "way: turn it on where the benchmark shows trimming hurts.",
     )
     split_prob: float = Field(
         0.15, ge=0, le=1,

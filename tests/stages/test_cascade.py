@@ -10,7 +10,7 @@ from compress.errors import RecipeError, StageError
 from compress.formats import Predictor, load_predictor
 from compress.formats.cascade import CascadePredictor, top_probability
 from compress.recipe import validate_recipe
-from compress.stages.cascade import Config, choose_threshold, share_threshold
+from compress.stages.cascade import Config, choose_threshold, routing_notes, share_threshold
 from tests.conftest import tiny_recipe
 
 # ------------------------------------------------------------------ threshold choice
@@ -57,6 +57,20 @@ def test_share_threshold_routes_the_least_confident_share():
     # ties at the cut stay with the small model whole
     t, fig = share_threshold(np.array([0.9, 0.7, 0.7, 0.6]), np.ones(4, bool), np.ones(4, bool), 0.5)
     assert t == 0.7 and fig["small_share"] == 0.75
+
+
+def test_a_cascade_that_routes_nothing_or_everything_says_so():
+    # max_drop met by the small member alone on calibration: nothing goes on, which a user
+    # reads as a cascade that never cascades unless the run says why and what to set.
+    cfg = Config(large="big", max_drop=0.2)
+    (note,) = routing_notes(1.0, cfg, 0.2, "big")
+    assert "no input goes on" in note and "route_share" in note
+    (note,) = routing_notes(0.0, cfg, 0.2, "big")
+    assert "every input goes to 'big'" in note
+    assert routing_notes(0.85, cfg, 0.2, "big") == []
+    # A share that was asked for, or a fixed threshold that answers everything, is the user's choice.
+    assert routing_notes(1.0, Config(large="big", route_share=0.1), 0.5, "big") == []
+    assert routing_notes(1.0, Config(large="big", threshold=0.5), 0.5, "big") == []
 
 
 def test_one_threshold_rule_at_a_time():
