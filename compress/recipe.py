@@ -277,7 +277,8 @@ class BudgetSpec(Strict):
         description="Variants within budget whose $/1K (min_cost) or p95 (min_latency) is within this "
         "fraction of the best one's count as equal, and the most accurate of them is deployed (then the "
         "smallest): timings move between runs, accuracy and size do not, so close variants stop flipping "
-        "the pick (see the README for how far they move). 0: strictly the best figure. Sizes are exact, so min_size takes no tolerance.",
+        "the pick (the README says how far they move). 0: strictly the best figure. Sizes are exact, so "
+        "min_size takes no tolerance.",
     )
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Whose figures decide (the other device is reported only)."
