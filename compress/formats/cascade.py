@@ -80,6 +80,9 @@ class CascadePredictor(Predictor):
         else:
             self.effective_device = "+".join(sorted(devices))
         self.notes = [f"small: {n}" for n in small.notes] + [f"large: {n}" for n in large.notes]
+        self.notes.append("throughput at batch sizes above 1 is a stream: the routed inputs queue until a full "
+                          "batch of them is ready for the large member, as a server under load runs it, so a "
+                          "routed input waits for the batches after it; at batch 1 it goes on at once")
         if self.takes_text:
             self.notes.append("the members have different tokenizers: the large one's tokenization of the "
                               "inputs sent to it is timed, inside the cascade's call")
@@ -88,6 +91,8 @@ class CascadePredictor(Predictor):
     def reset_counts(self) -> None:
         self._seen = 0
         self._routed = 0
+        self._pending: list[np.ndarray] = []  # stream: logits [B, C] per submitted batch
+        self._queue: list[tuple[int, int, dict]] = []  # stream: (batch no, row, the row's large inputs)
 
     @property
     def routed_share(self) -> float | None:
@@ -106,6 +111,62 @@ class CascadePredictor(Predictor):
         if rows.size:
             logits[rows] = self.large(self._large_inputs(batch, rows))
         return logits
+
+    def submit(self, batch: dict[str, np.ndarray], queue_size: int) -> None:
+        """Stream mode: the small member answers `batch` now; its routed rows join the queue,
+        which the large member takes `queue_size` rows at a time. `drain()` returns the logits."""
+        logits = np.array(self.small(_member_inputs(self.small, batch)), dtype=np.float32)  # [B, C]
+        rows = np.flatnonzero(self.route(logits))
+        self._seen += logits.shape[0]
+        self._routed += rows.size
+        no = len(self._pending)
+        self._pending.append(logits)
+        for r in rows:
+            self._queue.append((no, int(r), self._row_inputs(batch, int(r))))
+        while len(self._queue) >= queue_size:
+            self._flush(queue_size)
+
+    def drain(self) -> list[np.ndarray]:
+        """Stream mode: runs what is still queued, then hands back the logits [B, C] of every
+        batch submitted since the last drain, in order."""
+        if self._queue:
+            self._flush(len(self._queue))
+        out, self._pending = self._pending, []
+        return out
+
+    def _row_inputs(self, batch: dict[str, np.ndarray], r: int) -> dict:
+        """One routed row, kept until its queue runs: its texts (the large member tokenizes
+        them) or its token arrays without the batch's padding."""
+        if self.takes_text:
+            if "text" not in batch:
+                raise ValueError("this cascade's members have different tokenizers: its batch must carry the raw "
+                                 "texts under 'text' (object array [B]) beside the token arrays")
+            return {k: batch[k][r] for k in TEXT_KEYS if k in batch}
+        width = int(batch["attention_mask"][r].sum()) if "attention_mask" in batch else None
+        return {k: v[r, :width] for k, v in batch.items() if k not in TEXT_KEYS}
+
+    def _flush(self, n: int) -> None:
+        """Runs the first `n` queued rows through the large member as one batch."""
+        take, self._queue = self._queue[:n], self._queue[n:]
+        if self.takes_text:
+            texts = np.array([q[2]["text"] for q in take], dtype=object)
+            sub = {"text": texts}
+            if "text_pair" in take[0][2]:
+                sub["text_pair"] = np.array([q[2]["text_pair"] for q in take], dtype=object)
+            inputs = self._large_inputs(sub, np.arange(len(take)))
+        else:  # pad the rows to the longest: ids with the pad id, masks and segment ids with 0
+            pad = getattr(self.large.tokenizer, "pad_token_id", None) or 0
+            width = max(len(next(iter(q[2].values()))) for q in take)
+            inputs = {}
+            for k in take[0][2]:
+                arr = np.full((len(take), width), pad if k == "input_ids" else 0, dtype=take[0][2][k].dtype)
+                for i, q in enumerate(take):
+                    arr[i, : len(q[2][k])] = q[2][k]
+                inputs[k] = arr
+            inputs = _member_inputs(self.large, inputs)
+        out = np.asarray(self.large(inputs), dtype=np.float32)  # [n, C]
+        for (no, r, _), row in zip(take, out):
+            self._pending[no][r] = row
 
     def _large_inputs(self, batch: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         """The routed rows as the large member takes them: re-tokenized from the texts with

@@ -127,6 +127,65 @@ def test_cascade_predictor_routes_unsure_rows_to_the_large_model(tmp_path):
     assert casc.num_params() == 110 and casc.size_bytes() == 110
 
 
+def test_a_stream_queues_routed_rows_into_full_batches_for_the_large_model(tmp_path):
+    """Stream mode (throughput under load): the same logits as one call per batch, but the
+    large model runs on `queue_size` routed rows at a time, padded to the longest of them."""
+    for name in ("s", "l"):
+        (tmp_path / name).mkdir()
+    rng = np.random.default_rng(0)
+    small_logits = rng.normal(size=(12, 2)).astype(np.float32)
+    small_logits[::2] *= 0.05  # every other row unsure
+    large_logits = rng.normal(size=(12, 2)).astype(np.float32)
+    small, large = Fixed(small_logits, tmp_path / "s", 1), Fixed(large_logits, tmp_path / "l", 2)
+    casc = CascadePredictor(tmp_path / "c", small, large, threshold=0.8)
+    lengths = rng.integers(2, 6, size=12)
+    ids = np.zeros((12, 6), dtype=np.int64)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = [i] + [7] * (n - 1)
+    batches = [{"input_ids": ids[i:i + 3], "attention_mask": (ids[i:i + 3] != 0).astype(np.int64)} for i in range(0, 12, 3)]
+    batches = [{"input_ids": b["input_ids"], "attention_mask": np.where(np.arange(6) == 0, 1, b["attention_mask"])}
+               for b in batches]  # row id 0 is a real token in column 0
+    expected = [casc(b) for b in batches]
+    routed = int((top_probability(small_logits) < 0.8).sum())
+    large.calls.clear()
+    casc.reset_counts()
+    for b in batches:
+        casc.submit(b, 4)
+    got = casc.drain()
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(e, g)
+    sizes = [len(c["input_ids"]) for c in large.calls]
+    assert sum(sizes) == routed and all(n == 4 for n in sizes[:-1]) and sizes[-1] <= 4
+    for call in large.calls:  # padded to the longest queued row, padding masked out
+        rows = call["input_ids"][:, 0]
+        assert call["input_ids"].shape[1] == lengths[rows].max()
+        assert call["attention_mask"].sum(axis=1).tolist() == lengths[rows].tolist()
+    assert casc.routed_share == routed / 12
+    assert casc.drain() == []  # the stream starts afresh
+    assert any("stream" in n for n in casc.notes)
+
+
+def test_a_stream_tokenizes_queued_texts_with_the_large_members_tokenizer(tmp_path):
+    for name in ("s", "l"):
+        (tmp_path / name).mkdir()
+    small_logits = np.array([[4.0, 0.0], [0.1, 0.0], [0.0, 3.0], [0.0, 0.1]], dtype=np.float32)  # rows 1, 3 unsure
+    large_logits = np.zeros((40, 2), dtype=np.float32)
+    large_logits[21] = [0.0, 5.0]
+    large_logits[22] = [5.0, 0.0]
+    small, large = Fixed(small_logits, tmp_path / "s", 1), Fixed(large_logits, tmp_path / "l", 2)
+    small.tokenizer = Tok({"good": 1, "so": 2, "bad": 3, "film": 4})
+    large.tokenizer = Tok({"good": 20, "so": 21, "bad": 22, "film": 23})
+    casc = CascadePredictor(tmp_path / "c", small, large, threshold=0.8, max_length=2)
+    texts = np.array(["good film", "so film", "bad film", "bad so"], dtype=object)
+    for rows in ([0, 1], [2, 3]):
+        casc.submit({"input_ids": np.array([[r, 4] for r in rows]), "attention_mask": np.ones((2, 2), np.int64),
+                     "text": texts[rows]}, 2)
+    first, second = casc.drain()
+    np.testing.assert_array_equal(first[1], [0.0, 5.0])
+    np.testing.assert_array_equal(second[1], [5.0, 0.0])
+    assert large.tokenizer.calls == [(["so film", "bad so"], 2)]  # one call, both routed rows
+
+
 # ------------------------------------------------------------------ end to end
 
 
