@@ -9,10 +9,10 @@ keep it as `quality`, which report.json names after the metric (`accuracy`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from compress.errors import EXIT_BUDGET, EXIT_OK
 from compress.formats import RUNTIMES
@@ -135,6 +135,10 @@ class Row(Variant):
     reasons: list[str] = []
     checks: list[Check] | None = None
     lm: LMRow | None = None  # causal LMs
+    # Per-example scores [N] on the eval split (the bootstrap's resampling unit), in memory
+    # only: the tie-break compares tied variants with a paired interval (pick). Not written.
+    # A tuple, not an array: rows compare with == (`r in passing`), private fields included.
+    _scores: tuple[float, ...] | None = PrivateAttr(default=None)
 
     def figure(self, key: str) -> float | None:
         """An objective's figure (OBJECTIVE_KEY): usd_per_1k, p95_ms or size_mb."""
@@ -249,8 +253,10 @@ def build_rows(
                 if not (v.refs or {}).get("large"):  # else compare_members says it with the figures
                     row.notes.append(f"{r.routed_share:.0%} of the eval inputs went on to the large model")
             if base_scores is not None and base is not None and r.quality is not None and base.quality is not None:
+                scores = _scores(task, r, targets)
+                row._scores = tuple(scores.tolist())
                 row.delta = task.delta(r.quality, base.quality)
-                row.delta_ci95 = task.interval(base_scores, _scores(task, r, targets), bench.bootstrap_samples)
+                row.delta_ci95 = task.interval(base_scores, scores, bench.bootstrap_samples)
             if r.lm is not None:
                 row.lm = lm_row(r, base if base is not None and base.ok else None, row, bench.bootstrap_samples)
             rows.append(row)
@@ -483,7 +489,38 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
         if not reasons:
             passing.append(r)
 
-    selected, tied, tolerance = pick(passing, key, budget, metric)
+    task = get_task(policy.task)
+    samples = policy.benchmark.bootstrap_samples
+
+    def interval(a: Row, b: Row) -> tuple[float, float]:
+        """The paired 95% interval of a's quality minus b's, over the same eval examples."""
+        return task.interval(np.asarray(b._scores), np.asarray(a._scores), samples)
+
+    compare = interval if passing and all(r._scores is not None for r in passing) else None
+    selected, tied, tolerance = pick(passing, key, budget, metric, compare)
+
+    def tie_reason(r: Row) -> str:
+        """Why `selected` beat the tied variant r: quality beyond chance, or size."""
+        assert selected is not None
+        q = f"{selected.quality:.2f}{metric.unit} vs {r.quality:.2f}{metric.unit}"
+        if compare is None:  # no per-example scores: the point figures decided
+            if metric.is_better(selected.quality, r.quality):
+                return f"{metric.better_words} ({q})"
+            return f"smaller ({selected.size_mb:.1f} MB vs {r.size_mb:.1f} MB)"
+        lo, hi = compare(selected, r)
+        d = f"{task.delta(selected.quality, r.quality):+.2f} {metric.delta_unit} [{lo:+.2f}, {hi:+.2f}]"
+        if metric.beats((lo, hi)):
+            return f"{metric.better_words} beyond chance ({q}, {d})"
+        beater = next((o for o in tied if o is not r and metric.beats(compare(o, r))), None)
+        if beater is not None:
+            blo, bhi = compare(beater, r)
+            return (f"the smallest of the tied variants that none beats on {metric.name} beyond chance ('{beater.id}' "
+                    f"beats this one: {task.delta(beater.quality, r.quality):+.2f} {metric.delta_unit} "
+                    f"[{blo:+.2f}, {bhi:+.2f}])")
+        size = (f"smaller ({selected.size_mb:.1f} MB vs {r.size_mb:.1f} MB)" if selected.size_mb < r.size_mb
+                else f"as small ({selected.size_mb:.1f} MB)")
+        return f"{size}, and the {metric.name} difference is within chance ({q}, {d})"
+
     for r in candidates:
         if r is selected:
             r.verdict = "selected"
@@ -491,12 +528,7 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
             assert selected is not None
             r.verdict = "within budget"
             if r in tied:
-                # Quality or size decided the tie: name that figure of both.
-                if metric.is_better(selected.quality, r.quality):
-                    why = (f"{metric.better_words} ({selected.quality:.2f}{metric.unit} vs "
-                           f"{r.quality:.2f}{metric.unit})")
-                else:
-                    why = f"smaller ({selected.size_mb:.1f} MB vs {r.size_mb:.1f} MB)"
+                why = tie_reason(r)
                 if r is tied[0]:
                     r.reasons = [f"within budget and the best {what[key]} ({fmt(key, r.figure(key))}), but "
                                  f"'{selected.id}' is within {tolerance:.0%} of it and {why}"]
@@ -528,8 +560,10 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
         names = ", ".join(f"'{r.id}'" for r in tied)
         notes.append(
             f"{names} are within {tolerance:.0%} of the best {what[key]} ({fmt(key, best.figure(key))}, '{best.id}'), "
-            f"closer than timings repeat between runs (budget.tie_tolerance): the {metric.best_words} of them, "
-            f"'{selected.id}', is deployed"
+            f"closer than timings repeat between runs (budget.tie_tolerance): "
+            + (f"the {metric.best_words} of them, '{selected.id}', is deployed" if compare is None else
+               f"of those that none of them beats on {metric.name} beyond chance (a paired 95% interval that "
+               f"excludes zero), the smallest, '{selected.id}', is deployed")
         )
 
     # Within budget is not the same as better: a variant can keep the quality and still
@@ -576,7 +610,8 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
     )
 
 
-def pick(passing: list[Row], key: str, budget: BudgetSpec, metric: Metric | None = None
+def pick(passing: list[Row], key: str, budget: BudgetSpec, metric: Metric | None = None,
+         compare: "Callable[[Row, Row], tuple[float, float]] | None" = None
          ) -> tuple[Row | None, list[Row], float]:
     """The variant to deploy among those within budget: (selected, the ones tied with the best
     on the objective, the tolerance that tied them).
@@ -585,9 +620,14 @@ def pick(passing: list[Row], key: str, budget: BudgetSpec, metric: Metric | None
     between close variants (a 2-core cloud VM gave $/1K ratios of the same two variants
     0.72x in one run and 1.12x in the next), so picking the strict minimum flips the
     decision from run to run. Variants within `budget.tie_tolerance` of the best figure
-    count as equal, and the tie goes to the better quality, then the smaller size: both
-    are the same on every run, so the pick among close variants repeats. Sizes are exact,
-    so min_size takes no tolerance."""
+    count as equal. Quality then decides only where it tells the variants apart beyond
+    chance: a tied variant that another tied one beats (`compare(a, b)`: the paired 95%
+    interval of a's quality minus b's, wholly on a's better side of zero) drops out, and the
+    smallest of the rest is deployed, then the better figure. Point estimates a sentence or
+    two apart reorder on other data from the same source; an interval that excludes zero
+    rarely does, and sizes are exact, so the pick holds on new data as well as between runs.
+    Without `compare` (rows with no per-example scores), the better point quality, then the
+    smaller size. Sizes are exact, so min_size takes no tolerance."""
     metric = metric or get_task().metric
     if not passing:
         return None, [], 0.0
@@ -595,7 +635,12 @@ def pick(passing: list[Row], key: str, budget: BudgetSpec, metric: Metric | None
     best = min(r.figure(key) for r in passing)
     tied = sorted((r for r in passing if r.figure(key) <= best * (1.0 + tolerance)),
                   key=lambda r: (r.figure(key), r.p95_ms))
-    selected = max(tied, key=lambda r: (metric.key(r.quality), -r.size_mb, -r.figure(key), -r.p95_ms))
+    if compare is None:
+        selected = max(tied, key=lambda r: (metric.key(r.quality), -r.size_mb, -r.figure(key), -r.p95_ms))
+        return selected, tied, tolerance
+    beaten = {id(r) for r in tied if any(o is not r and metric.beats(compare(o, r)) for o in tied)}
+    pool = [r for r in tied if id(r) not in beaten] or tied  # `or`: a cycle of "beats" (never seen) keeps them all
+    selected = min(pool, key=lambda r: (r.size_mb, r.figure(key), r.p95_ms))
     return selected, tied, tolerance
 
 

@@ -255,7 +255,7 @@ def _render(model, dataset, text, label, eval_split, name, stages, size, max_len
         "  latency_p95_ms: null            # optional SLO on batch-1 p95; $/1K then uses the cheapest batch size within it",
         "  max_size_mb: null",
         "  objective: min_cost             # or min_latency, min_size",
-        "  tie_tolerance: 0.25             # within 25% of the best $/1K or p95: the most accurate wins",
+        "  tie_tolerance: 0.25             # within 25% of the best $/1K or p95: quality beyond chance, else the smallest, wins",
         "",
     ]
     return "\n".join(lines)

@@ -275,9 +275,10 @@ class BudgetSpec(Strict):
     tie_tolerance: float = Field(
         0.25, ge=0, le=1,
         description="Variants within budget whose $/1K (min_cost) or p95 (min_latency) is within this "
-        "fraction of the best one's count as equal, and the most accurate of them is deployed (then the "
-        "smallest): timings move between runs, accuracy and size do not, so close variants stop flipping "
-        "the pick (the README says how far they move). 0: strictly the best figure. Sizes are exact, so "
+        "fraction of the best one's count as equal; of them, those that none beats on quality beyond chance "
+        "(a paired 95% interval that excludes zero) remain, and the smallest is deployed: timings move "
+        "between runs and small accuracy gaps reverse on new data, so close variants stop flipping the "
+        "pick (the README says how far they move). 0: strictly the best figure. Sizes are exact, so "
         "min_size takes no tolerance.",
     )
     device: Literal["cpu", "cuda"] = Field(

@@ -84,8 +84,9 @@ def main() -> int:
         else:
             h.quality = m.quality
             h.delta = m.quality - base.quality
-            h.delta_ci95 = paired_bootstrap(base_scores, task.example_scores(np.array(m.predictions), targets),
-                                            bench.bootstrap_samples, scale=task.scale)
+            scores = task.example_scores(np.array(m.predictions), targets)
+            h._scores = tuple(scores.tolist())  # the tie-break's paired intervals (decision.pick)
+            h.delta_ci95 = paired_bootstrap(base_scores, scores, bench.bootstrap_samples, scale=task.scale)
         held.append(h)
     policy = Policy(budget=BudgetSpec.model_validate(report.manifest.recipe["budget"]), benchmark=bench,
                     task=recipe.task)

@@ -301,8 +301,8 @@ def test_a_selection_no_better_than_the_baseline_says_so():
 
 def close_variants(cheap_throughput: float = 400.0):
     # 'cheap' is cheaper by a margin that timings do not repeat; 'accurate' is 0.5 points
-    # more accurate (1 of 400 wrong against 3) and larger; 'far' is clearly dearer. All are
-    # within the 1-point budget.
+    # more accurate (1 of 400 wrong against 3), a gap 400 sentences cannot tell from chance,
+    # and larger; 'far' is clearly dearer. All are within the 1-point budget.
     return {
         "baseline": measurement(LABELS, LABELS, p50=10, p95=12, throughput=100),
         "cheap": measurement(flip(LABELS, 3, seed=3), LABELS, p50=4, p95=5, throughput=cheap_throughput, size_mb=50),
@@ -311,21 +311,51 @@ def close_variants(cheap_throughput: float = 400.0):
     }
 
 
-def test_variants_within_the_tie_tolerance_go_to_the_most_accurate():
+def test_a_tie_goes_to_the_smaller_variant_when_quality_cannot_tell_them_apart():
     d, rows = run_decide(close_variants())  # 'cheap' costs 0.9x 'accurate': within the default 25%
-    assert d["selected"] == "accurate" and d["tied"] == ["cheap", "accurate"] and d["tie_tolerance"] == 0.25
-    assert any("'cheap', 'accurate' are within 25% of the best $/1K" in n and "'accurate', is deployed" in n
-               for n in d["notes"])
-    assert rows["cheap"]["reasons"][0] == (
-        "within budget and the best $/1K ($0.00004/1K), but 'accurate' is within 25% of it and more accurate "
-        "(99.75% vs 99.25%)")
+    assert d["selected"] == "cheap" and d["tied"] == ["cheap", "accurate"] and d["tie_tolerance"] == 0.25
+    assert any("'cheap', 'accurate' are within 25% of the best $/1K" in n and "beyond chance" in n
+               and "the smallest, 'cheap', is deployed" in n for n in d["notes"])
+    reason = rows["accurate"]["reasons"][0]
+    assert reason.startswith("within budget at $") and "but 'cheap' is smaller (50.0 MB vs 200.0 MB), and the " \
+        "accuracy difference is within chance (99.25% vs 99.75%, -0.50 points [" in reason
     assert rows["far"]["reasons"][0].startswith("within budget, but $")  # not tied: the plain reason
+
+
+def test_a_tied_variant_more_accurate_beyond_chance_wins_the_tie():
+    res = close_variants()
+    res["cheap"] = measurement(flip(LABELS, 16, seed=3), LABELS, p50=4, p95=5, throughput=400, size_mb=50)  # -4 points
+    d, rows = run_decide(res, max_accuracy_drop=5.0)
+    assert d["selected"] == "accurate" and d["tied"] == ["cheap", "accurate"]
+    assert rows["cheap"]["reasons"][0].startswith(
+        "within budget and the best $/1K ($0.00004/1K), but 'accurate' is within 25% of it and more accurate "
+        "beyond chance (99.75% vs 96.00%, +3.75 points [")
+
+
+def test_the_tie_break_holds_when_a_small_accuracy_gap_reverses_on_other_data():
+    # The same two variants scored on two eval sets drawn alike: the point estimates swap
+    # order (a sentence or two either way), the paired intervals cover zero on both, and
+    # the pick stays with the smaller one. Ordering by the point estimate flips it.
+    picks = set()
+    for wrong_small, wrong_large in ((4, 1), (2, 3)):
+        res = {
+            "baseline": measurement(LABELS, LABELS, p50=10, p95=12, throughput=100),
+            "single": measurement(flip(LABELS, wrong_small, seed=7), LABELS, throughput=400, size_mb=23),
+            "cascade": measurement(flip(LABELS, wrong_large, seed=8), LABELS, throughput=420, size_mb=32),
+        }
+        picks.add(run_decide(res)[0]["selected"])
+        rows = build_rows(variants(*res), typed({(k, "cpu"): v for k, v in res.items()}), LABELS, recipe_dict())
+        for r in rows:
+            r._scores = None  # no per-example scores: the point estimates order the tie
+        picks_by_point = decide(rows, recipe_dict(), ["cpu"]).selected
+        assert picks_by_point == ("cascade" if wrong_large < wrong_small else "single")
+    assert picks == {"single"}
 
 
 def test_the_pick_repeats_when_the_timings_of_tied_variants_swap_order():
     # The point of the tolerance: timings that move by 10-20% between runs leave the pick alone.
     picks = {run_decide(close_variants(cheap_throughput=t))[0]["selected"] for t in (300.0, 360.0, 400.0, 440.0)}
-    assert picks == {"accurate"}
+    assert picks == {"cheap"}
     # Without it, the same runs flip between the two.
     picks = {run_decide(close_variants(cheap_throughput=t), tie_tolerance=0.0)[0]["selected"]
              for t in (300.0, 440.0)}
@@ -333,10 +363,10 @@ def test_the_pick_repeats_when_the_timings_of_tied_variants_swap_order():
 
 
 def test_a_clear_cost_gap_still_wins_and_zero_tolerance_is_strict():
-    d, _ = run_decide(close_variants(cheap_throughput=600.0))  # 0.6x: a real difference
-    assert d["selected"] == "cheap" and d["tied"] == ["cheap"]
+    d, _ = run_decide(close_variants(cheap_throughput=250.0))  # 'accurate' 0.69x 'cheap': a real difference
+    assert d["selected"] == "accurate" and d["tied"] == ["accurate"]
     assert not any("within 25%" in n for n in d["notes"])
-    d, rows = run_decide(close_variants(), tie_tolerance=0.0)
+    d, rows = run_decide(close_variants(cheap_throughput=440.0), tie_tolerance=0.0)
     assert d["selected"] == "cheap"
     assert rows["accurate"]["reasons"][0].startswith("within budget, but $")
 
@@ -358,12 +388,15 @@ def test_min_size_takes_no_tolerance():
 
 def test_every_tied_loser_says_what_decided_the_tie():
     res = close_variants()
+    res["cheap"] = measurement(flip(LABELS, 16, seed=3), LABELS, p50=4, p95=5, throughput=400, size_mb=50)  # -4 points
     res["mid"] = measurement(flip(LABELS, 3, seed=6), LABELS, p50=4, p95=5, throughput=380, size_mb=60)
-    d, rows = run_decide(res)
-    assert d["selected"] == "accurate" and d["tied"] == ["cheap", "mid", "accurate"]
-    reason = rows["mid"]["reasons"][0]
+    d, rows = run_decide(res, max_accuracy_drop=5.0)
+    # 'accurate' and 'mid' beat 'cheap' beyond chance and not each other: the smaller of them wins.
+    assert d["selected"] == "mid" and d["tied"] == ["cheap", "mid", "accurate"]
+    assert "but 'mid' is within 25% of it and more accurate beyond chance (99.25% vs 96.00%" in rows["cheap"]["reasons"][0]
+    reason = rows["accurate"]["reasons"][0]
     assert reason.startswith("within budget at $") and "within 25% of the best ($" in reason
-    assert reason.endswith("but 'accurate' is more accurate (99.75% vs 99.25%)")
+    assert "but 'mid' is smaller (60.0 MB vs 200.0 MB), and the accuracy difference is within chance" in reason
 
 
 def test_too_few_eval_sentences_deploy_nothing_unless_the_minimum_is_lowered():

@@ -77,6 +77,11 @@ class Metric(BaseModel):
         delta of variant minus baseline (negative: better). `+ 0.0`: no "-0.00"."""
         return (-delta if self.higher_is_better else delta) + 0.0
 
+    def beats(self, ci: tuple[float, float] | list[float]) -> bool:
+        """Whether the interval of a difference (a minus b, in the delta unit) says that a is
+        better than b beyond chance: it lies wholly on a's better side of zero."""
+        return ci[0] > 0 if self.higher_is_better else ci[1] < 0
+
     def worst_bound(self, ci: tuple[float, float] | list[float]) -> tuple[float, str]:
         """The end of a delta's interval on the losing side, and its name ('lower', 'upper')."""
         return (ci[0], "lower") if self.higher_is_better else (ci[1], "upper")
