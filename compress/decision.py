@@ -492,9 +492,15 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
     task = get_task(policy.task)
     samples = policy.benchmark.bootstrap_samples
 
+    intervals: dict[tuple[int, int], tuple[float, float]] = {}
+
     def interval(a: Row, b: Row) -> tuple[float, float]:
-        """The paired 95% interval of a's quality minus b's, over the same eval examples."""
-        return task.interval(np.asarray(b._scores), np.asarray(a._scores), samples)
+        """The paired 95% interval of a's quality minus b's, over the same eval examples:
+        bootstrapped once per pair (pick and then the tied losers' reasons ask for it)."""
+        pair = (id(a), id(b))
+        if pair not in intervals:
+            intervals[pair] = task.interval(np.asarray(b._scores), np.asarray(a._scores), samples)
+        return intervals[pair]
 
     compare = interval if passing and all(r._scores is not None for r in passing) else None
     selected, tied, tolerance = pick(passing, key, budget, metric, compare)
