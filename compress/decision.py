@@ -155,6 +155,13 @@ class BestFailed(Record):
     reasons: list[str] = []
 
 
+class PickShare(Record):
+    """One outcome of the decision replayed on resamples of the eval split, and how often it came out."""
+
+    selected: str | None  # None: no variant deployed
+    share: float
+
+
 class Decision(Record):
     device: str
     objective: str
@@ -165,6 +172,10 @@ class Decision(Record):
     too_few_eval_examples: bool = False
     exit_code: int = EXIT_BUDGET
     notes: list[str] = []
+    # The decision replayed on bootstrap resamples of the eval split (`stability`), most
+    # frequent outcome first; absent where rows carry no per-example scores (causal LMs).
+    stability: list[PickShare] | None = None
+    stability_resamples: int | None = None
 
 
 class Policy(BaseModel):
@@ -614,6 +625,71 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
         exit_code=EXIT_OK if selected else EXIT_BUDGET,
         notes=notes,
     )
+
+
+def stability(rows: list[Row], policy: Policy, available_devices: list[str], eval_examples: int | None = None,
+              resamples: int = 200, seed: int = 0) -> list[PickShare] | None:
+    """How often `decide` deploys each variant when the eval split is redrawn: each of
+    `resamples` bootstrap resamples draws N examples with replacement (the same ones for every
+    variant: paired), recomputes every row's quality, delta and interval from its per-example
+    scores, and reruns `decide` on copies of the rows. Timings, sizes and costs stay as
+    measured: this is the noise of the eval split alone, the part that new data from the same
+    source moves. Returns each outcome's share, the most frequent first (a tie in share goes
+    to the outcome `decide` gives on the real split); None where a row of the deciding device
+    has no per-example scores (causal LMs) or there is no baseline to compare with.
+
+    Why by hand: no library replays a multi-criteria decision under a bootstrap; the
+    resampling is stats.paired_bootstrap's, one level up (each resample's intervals are
+    bootstrapped again, with fewer samples: they decide the gate, not a reported figure)."""
+    from collections import Counter
+
+    device = policy.budget.device if policy.budget.device in available_devices else "cpu"
+    scored = [r for r in rows if r.device == device and r.ok]
+    base = next((r for r in scored if r.id == policy.budget.baseline), None)
+    if base is None or not scored or any(r._scores is None or r.quality is None for r in scored):
+        return None
+    task = get_task(policy.task)
+    S = np.asarray([r._scores for r in scored], dtype=np.float32)  # [V, N] per-example scores
+    n = S.shape[1]
+    bi = scored.index(base)
+    inner = policy.model_copy(update={"benchmark": policy.benchmark.model_copy(
+        update={"bootstrap_samples": min(policy.benchmark.bootstrap_samples, 400)})})
+    rng = np.random.default_rng(seed)
+    outcomes: Counter = Counter()
+    for b in range(resamples):
+        idx = rng.integers(0, n, size=n)  # [N] one resample of the eval split, shared by every row
+        Sb = S[:, idx]  # [V, N]
+        q = Sb.mean(axis=1) * task.scale  # [V] each row's metric on this resample
+        copies = []
+        for i, r in enumerate(scored):
+            update: dict = {"quality": float(q[i])}
+            if r.delta is not None:
+                update["delta"] = task.delta(float(q[i]), float(q[bi]))
+                update["delta_ci95"] = task.interval(Sb[bi], Sb[i], inner.benchmark.bootstrap_samples, seed=b)
+            c = r.model_copy(update=update, deep=True)
+            c._scores = tuple(Sb[i].tolist())
+            copies.append(c)
+        outcomes[decide(copies, inner, available_devices, eval_examples).selected] += 1
+    actual = decide([r.model_copy(deep=True) for r in rows], policy, available_devices, eval_examples).selected
+    ranked = sorted(outcomes.items(), key=lambda kv: (-kv[1], kv[0] != actual))
+    return [PickShare(selected=k, share=v / resamples) for k, v in ranked]
+
+
+def stability_note(shares: list[PickShare], selected: str | None, resamples: int, examples: int) -> str:
+    """The decision note that says how settled the pick is."""
+    def name(vid: str | None) -> str:
+        return "no variant" if vid is None else f"'{vid}'"
+
+    parts = ", ".join(f"{name(s.selected)} in {s.share:.0%}" for s in shares[:4])
+    if len(shares) > 4:
+        parts += f", {len(shares) - 4} other outcome{'s' if len(shares) > 5 else ''} in the rest"
+    mine = next((s.share for s in shares if s.selected == selected), 0.0)
+    text = (f"stability: replayed on {resamples} resamples of the {examples} eval examples (timings as measured), "
+            f"the decision deploys {parts}")
+    if mine < 0.9:
+        text += (f"; {name(selected)} is not settled by this eval split, so new data from the same source may "
+                 f"deploy another: a larger eval split settles it")
+    return text
 
 
 def pick(passing: list[Row], key: str, budget: BudgetSpec, metric: Metric | None = None,

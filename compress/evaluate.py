@@ -56,7 +56,7 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
     Returns report.json's object."""
     from compress import manifest
     from compress.benchmark import METHOD, BenchTiming, run_benchmarks
-    from compress.decision import Policy, Variant, build_rows, decide
+    from compress.decision import Policy, Variant, build_rows, decide, stability, stability_note
     from compress.model_card import write_model_cards
     from compress.recipe import BudgetSpec
     from compress.report import write_reports
@@ -104,6 +104,15 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
     rows = build_rows(meta, results, targets, policy)
     devices = list(dict.fromkeys(d for (_, d) in results))
     decision = decide(rows, policy, devices, eval_examples=None if recipe.is_causal else len(data.eval))
+    if bench_spec.stability_resamples and not recipe.is_causal:
+        t_stab = time.perf_counter()
+        shares = stability(rows, policy, devices, len(data.eval), resamples=bench_spec.stability_resamples)
+        if shares is not None:
+            decision.stability, decision.stability_resamples = shares, bench_spec.stability_resamples
+            decision.notes.append(stability_note(shares, decision.selected, bench_spec.stability_resamples,
+                                                 len(data.eval)))
+            log(f"  decision replayed on {bench_spec.stability_resamples} resamples of the eval split "
+                f"in {time.perf_counter() - t_stab:.1f}s")
     seeds = {"data": recipe.seed, **{s.id: getattr(s.config, "seed", None) for s in recipe.stages if hasattr(s.config, "seed")}}
     report = Report(
         schema_version=SCHEMA_VERSION,

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError,
+                      field_validator, model_validator)
 
 from compress import peek
 from compress.errors import ModelSourceError, RecipeError
@@ -234,6 +234,11 @@ class BenchmarkSpec(Strict):
     )
     bootstrap_samples: PositiveInt = Field(
         1000, description="Paired bootstrap resamples for the accuracy-delta interval."
+    )
+    stability_resamples: NonNegativeInt = Field(
+        200,
+        description="Resamples of the eval split on which the decision is replayed (report.json's "
+        "`decision.stability`: how often each variant would be deployed were the eval split redrawn); 0 skips it.",
     )
     prices: dict[Literal["cpu", "cuda"], PriceSpec] = Field(
         default_factory=_default_prices,

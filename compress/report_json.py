@@ -24,8 +24,10 @@ REPORT_JSON = "report.json"
 # report without it is a sequence-classification report. 3: causal LMs: a row's quality
 # figure is keyed by the task's metric (`perplexity`; classification keeps `accuracy`), and
 # rows carry an `lm` block (every eval, generation speed, $ per 1M tokens, the memory plan).
-SCHEMA_VERSION = 3
-SCHEMA_VERSIONS = (1, 2, 3)
+# 4: the decision's `stability` and `stability_resamples` (the decision replayed on
+# resamples of the eval split).
+SCHEMA_VERSION = 4
+SCHEMA_VERSIONS = (1, 2, 3, 4)
 QUALITY_KEY = "accuracy"  # the key Row.quality is written under for classification
 
 

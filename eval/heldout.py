@@ -33,7 +33,7 @@ def main() -> int:
 
     from compress.benchmark import _run_worker, write_eval_file
     from compress.data import Data
-    from compress.decision import Policy, decide, paired_bootstrap
+    from compress.decision import Policy, decide, paired_bootstrap, stability, stability_note
     from compress.measure import BenchJob, JobOptions, Measurement
     from compress.recipe import BenchmarkSpec, BudgetSpec, load_recipe
     from compress.report_json import read_report
@@ -107,6 +107,16 @@ def main() -> int:
         print(f"{h.id:<18}{d.quality:>9.2f}{(d.delta or 0):>+11.2f}{h.quality if h.ok else float('nan'):>10.2f}"
               f"{delta:>26}{(f'{sp:.2f}x' if sp else '-'):>10}{d.size_mb:>8.1f}  {d.verdict} / {h.verdict}")
     print(f"deployed on dev: {report.decision.selected}; on the held-out sentences: {decision.selected}")
+    # How settled each pick is: the decision replayed on resamples of each eval set.
+    resamples = bench.stability_resamples
+    held_shares = stability(held, policy, [args.device], len(targets), resamples=resamples) if resamples else None
+    for where, shares, selected, n_resamples, n in (
+        ("dev", report.decision.stability, report.decision.selected, report.decision.stability_resamples,
+         len(data.eval)),
+        ("held-out", held_shares, decision.selected, resamples, len(targets)),
+    ):
+        if shares and n_resamples:
+            print(f"  {where}: {stability_note(shares, selected, n_resamples, n)}")
     return 0
 
 

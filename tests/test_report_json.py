@@ -1,5 +1,5 @@
 """report.json as typed records: written by alias without unset fields, read back through
-the same records, byte for byte; schema 1 (no task block) and 2 both read."""
+the same records, byte for byte; schema 1 (no task block) to 4 (the decision's stability) all read."""
 
 import json
 
@@ -57,7 +57,7 @@ def test_report_json_reads_back_into_the_same_file(tmp_path):
 def test_schema_2_carries_the_task_and_older_schemas_are_sequence_classification(tmp_path):
     from compress.tasks import get_task
 
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     info = get_task().info().model_dump()
     write_reports(_report(schema_version=2, task=info), tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
@@ -87,7 +87,7 @@ def test_a_causal_lm_report_keys_its_quality_by_perplexity_and_reads_it_back(tmp
     (lambda r: r["rows"][1].update(acuracy=1.0), "rows.1.acuracy: Extra inputs are not permitted"),
     (lambda r: r["rows"][1].pop("accuracy"), "rows[1]: a row marked ok lacks accuracy"),
     (lambda r: r["decision"].update(best_failed={"id": 3}), "decision.best_failed.id"),
-    (lambda r: r.update(schema_version=4), "not a compress report (schema_version 1 or 2 or 3)"),
+    (lambda r: r.update(schema_version=5), "not a compress report (schema_version 1 or 2 or 3 or 4)"),
 ])
 def test_a_malformed_report_is_one_line(tmp_path, edit, problem):
     report = _report()
@@ -96,3 +96,23 @@ def test_a_malformed_report_is_one_line(tmp_path, edit, problem):
     with pytest.raises(CompressError) as exc:
         read_report(tmp_path)
     assert problem in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_decisions_stability_goes_through_report_json(tmp_path):
+    """Schema 4: `decision.stability`, the decision replayed on resamples of the eval split;
+    a report without it (schema 3 and before) reads as before."""
+    rep = _report(schema_version=4)
+    rep["decision"]["stability"] = [{"selected": "int8", "share": 0.75}, {"selected": None, "share": 0.25}]
+    rep["decision"]["stability_resamples"] = 200
+    write_reports(rep, tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["decision"]["stability"] == [{"selected": "int8", "share": 0.75}, {"selected": None, "share": 0.25}]
+    back = read_report(tmp_path).decision
+    assert [(s.selected, s.share) for s in back.stability] == [("int8", 0.75), (None, 0.25)]
+    assert back.stability_resamples == 200
+    (tmp_path / "old").mkdir()
+    write_reports(_report(schema_version=3), tmp_path / "old")
+    old = json.loads((tmp_path / "old" / "report.json").read_text())
+    assert "stability" not in old["decision"] and read_report(tmp_path / "old").decision.stability is None
+    with pytest.raises(ValueError):
+        Report.model_validate({**rep, "decision": {**rep["decision"], "stability": [{"selected": "int8"}]}})
