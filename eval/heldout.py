@@ -29,6 +29,8 @@ def main() -> int:
     ap.add_argument("--artifacts", default="artifacts")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--pooled", action="store_true",
+                    help="also decide on the dev and held-out sentences pooled: what an eval split of both would settle")
     args = ap.parse_args()
 
     from compress.benchmark import _run_worker, write_eval_file
@@ -117,7 +119,55 @@ def main() -> int:
     ):
         if shares and n_resamples:
             print(f"  {where}: {stability_note(shares, selected, n_resamples, n)}")
+    if args.pooled:
+        _pooled(task, data, run_dir, args.device, held, policy, bench)
     return 0
+
+
+def _pooled(task, data, run_dir: Path, device: str, held: list, policy, bench) -> None:
+    """The decision, and its stability, on the dev and held-out sentences together: each
+    variant's dev scores (its measurement in the run's bench/ folder) followed by its held-out
+    ones, the baseline's likewise, so that the pairing holds over both."""
+    from compress.artifacts import is_sealed
+    from compress.benchmark import _read_json
+    from compress.decision import decide, paired_bootstrap, stability, stability_note
+    from compress.measure import Measurement
+
+    _, dev_targets = task.read_eval(task.eval_rows(data.eval))
+    pooled = []
+    for h in held:
+        f = run_dir / "bench" / f"{h.id}.{device}.json"
+        cached = _read_json(f) if f.is_file() else None
+        m = (Measurement.model_validate({k: v for k, v in cached.items() if k != "checksum"})
+             if cached is not None and is_sealed(cached) else None)  # an edited file has a broken checksum
+        if not h.ok or m is None or not m.ok or h._scores is None:
+            continue
+        p = h.model_copy(deep=True)
+        p._scores = tuple(np.concatenate([task.example_scores(np.array(m.predictions), dev_targets),
+                                          np.asarray(h._scores)]).tolist())  # [N_dev + N_held]
+        pooled.append(p)
+    base = next((p for p in pooled if p.id == policy.budget.baseline), None)
+    if base is None:
+        print("pooled: the baseline's dev measurement is not in the run's bench/ folder")
+        return
+    base_scores = np.asarray(base._scores)
+    for p in pooled:
+        scores = np.asarray(p._scores)
+        p.quality = float(scores.mean() * task.scale)
+        p.delta = task.delta(p.quality, base.quality if p is not base else p.quality)
+        p.delta_ci95 = paired_bootstrap(base_scores, scores, bench.bootstrap_samples, scale=task.scale)
+        p.verdict, p.reasons = None, []
+    base.delta = 0.0
+    n = len(base_scores)
+    decision = decide(pooled, policy, [device], eval_examples=n)
+    print(f"pooled: {len(dev_targets)} dev and {n - len(dev_targets)} held-out sentences")
+    for p in pooled:
+        lo, hi = p.delta_ci95
+        print(f"  {p.id:<16}{p.quality:>7.2f}  {p.delta:+.2f} [{lo:+.2f}, {hi:+.2f}]  {p.verdict}")
+    print(f"deployed on the pooled sentences: {decision.selected}")
+    shares = stability(pooled, policy, [device], n, resamples=bench.stability_resamples or 200)
+    if shares:
+        print(f"  pooled: {stability_note(shares, decision.selected, bench.stability_resamples or 200, n)}")
 
 
 if __name__ == "__main__":
