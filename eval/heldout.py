@@ -151,13 +151,13 @@ def _pooled(task, data, run_dir: Path, device: str, held: list, policy, bench) -
         print("pooled: the baseline's dev measurement is not in the run's bench/ folder")
         return
     base_scores = np.asarray(base._scores)
+    base_quality = float(base_scores.mean() * task.scale)
     for p in pooled:
         scores = np.asarray(p._scores)
         p.quality = float(scores.mean() * task.scale)
-        p.delta = task.delta(p.quality, base.quality if p is not base else p.quality)
+        p.delta = task.delta(p.quality, base_quality)
         p.delta_ci95 = paired_bootstrap(base_scores, scores, bench.bootstrap_samples, scale=task.scale)
         p.verdict, p.reasons = None, []
-    base.delta = 0.0
     n = len(base_scores)
     decision = decide(pooled, policy, [device], eval_examples=n)
     print(f"pooled: {len(dev_targets)} dev and {n - len(dev_targets)} held-out sentences")
