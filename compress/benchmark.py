@@ -274,14 +274,15 @@ def _read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _cached(path: Path, key: str) -> Measurement | None:
-    """The measurement cached at `path` under `key`, or None: missing, unreadable, edited (an
+def _cached(path: Path, key: str | None) -> Measurement | None:
+    """The measurement cached at `path` under `key` (None: whatever key it was measured under,
+    for a finished run's own measurements), or None: missing, unreadable, edited (an
     accuracy changed by hand breaks its checksum), measured under another key, failed, or of
     another shape (a renamed or missing figure): each of those is measured again."""
     from pydantic import ValidationError
 
     cached = _read_json(path) if path.is_file() else None
-    if cached is None or not is_sealed(cached) or cached.get("key") != key or cached.get("ok") is not True:
+    if cached is None or not is_sealed(cached) or key not in (None, cached.get("key")) or cached.get("ok") is not True:
         return None
     try:
         m = Measurement.model_validate({k: v for k, v in cached.items() if k != "checksum"})

@@ -173,7 +173,8 @@ class Decision(Record):
     exit_code: int = EXIT_BUDGET
     notes: list[str] = []
     # The decision replayed on bootstrap resamples of the eval split (`stability`), most
-    # frequent outcome first; absent where rows carry no per-example scores (causal LMs).
+    # frequent outcome first; absent where the task's metric is not the mean of per-example
+    # scores (causal LMs: perplexity) or rows carry none.
     stability: list[PickShare] | None = None
     stability_resamples: int | None = None
 
@@ -627,29 +628,46 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
     )
 
 
-def stability(rows: list[Row], policy: Policy, available_devices: list[str], eval_examples: int | None = None,
-              resamples: int = 200, seed: int = 0) -> list[PickShare] | None:
+def rescored(row: Row, scores: np.ndarray, base_scores: np.ndarray, task: "Task", samples: int,
+             seed: int = 0) -> Row:
+    """A copy of `row` scored on other per-example scores [N] (a resample of the eval split,
+    another eval set), against the baseline's on the same examples [N]: its quality, its delta
+    and the delta's paired interval recomputed, timings, sizes and costs kept. A shallow copy:
+    decide() assigns verdicts, reasons and checks, it appends to none of them."""
+    quality = float(np.mean(scores, dtype=np.float64) * task.scale)
+    update: dict = {"quality": quality}
+    if row.delta is not None:
+        update["delta"] = task.delta(quality, float(np.mean(base_scores, dtype=np.float64) * task.scale))
+        update["delta_ci95"] = task.interval(base_scores, scores, samples, seed=seed)
+    copy = row.model_copy(update=update)
+    copy._scores = tuple(np.asarray(scores).tolist())
+    return copy
+
+
+def stability(rows: list[Row], policy: Policy, available_devices: list[str], selected: str | None,
+              eval_examples: int | None = None, resamples: int = 200, seed: int = 0) -> list[PickShare] | None:
     """How often `decide` deploys each variant when the eval split is redrawn: each of
     `resamples` bootstrap resamples draws N examples with replacement (the same ones for every
     variant: paired), recomputes every row's quality, delta and interval from its per-example
-    scores, and reruns `decide` on copies of the rows. Timings, sizes and costs stay as
+    scores (`rescored`), and reruns `decide` on those copies. Timings, sizes and costs stay as
     measured: this is the noise of the eval split alone, the part that new data from the same
     source moves. Returns each outcome's share, the most frequent first (a tie in share goes
-    to the outcome `decide` gives on the real split); None where a row of the deciding device
-    has no per-example scores (causal LMs) or there is no baseline to compare with.
+    to `selected`, the decision on the real split); None where a row of the deciding device
+    has no per-example scores, the task's metric is not their mean (causal LMs: perplexity),
+    or there is no baseline to compare with.
 
     Why by hand: no library replays a multi-criteria decision under a bootstrap; the
     resampling is stats.paired_bootstrap's, one level up (each resample's intervals are
     bootstrapped again, with fewer samples: they decide the gate, not a reported figure)."""
     from collections import Counter
 
+    task = get_task(policy.task)
     device = policy.budget.device if policy.budget.device in available_devices else "cpu"
     scored = [r for r in rows if r.device == device and r.ok]
     base = next((r for r in scored if r.id == policy.budget.baseline), None)
-    if base is None or not scored or any(r._scores is None or r.quality is None for r in scored):
+    if not task.metric_is_mean or base is None or any(r._scores is None or r.quality is None for r in scored):
         return None
-    task = get_task(policy.task)
-    S = np.asarray([r._scores for r in scored], dtype=np.float32)  # [V, N] per-example scores
+    S = np.asarray([r._scores for r in scored], dtype=np.float64)  # [V, N] per-example scores
     n = S.shape[1]
     bi = scored.index(base)
     inner = policy.model_copy(update={"benchmark": policy.benchmark.model_copy(
@@ -657,21 +675,11 @@ def stability(rows: list[Row], policy: Policy, available_devices: list[str], eva
     rng = np.random.default_rng(seed)
     outcomes: Counter = Counter()
     for b in range(resamples):
-        idx = rng.integers(0, n, size=n)  # [N] one resample of the eval split, shared by every row
-        Sb = S[:, idx]  # [V, N]
-        q = Sb.mean(axis=1) * task.scale  # [V] each row's metric on this resample
-        copies = []
-        for i, r in enumerate(scored):
-            update: dict = {"quality": float(q[i])}
-            if r.delta is not None:
-                update["delta"] = task.delta(float(q[i]), float(q[bi]))
-                update["delta_ci95"] = task.interval(Sb[bi], Sb[i], inner.benchmark.bootstrap_samples, seed=b)
-            c = r.model_copy(update=update, deep=True)
-            c._scores = tuple(Sb[i].tolist())
-            copies.append(c)
+        Sb = S[:, rng.integers(0, n, size=n)]  # [V, N]: one resample of the eval split, shared by every row
+        copies = [rescored(r, Sb[i], Sb[bi], task, inner.benchmark.bootstrap_samples, seed=b)
+                  for i, r in enumerate(scored)]
         outcomes[decide(copies, inner, available_devices, eval_examples).selected] += 1
-    actual = decide([r.model_copy(deep=True) for r in rows], policy, available_devices, eval_examples).selected
-    ranked = sorted(outcomes.items(), key=lambda kv: (-kv[1], kv[0] != actual))
+    ranked = sorted(outcomes.items(), key=lambda kv: (-kv[1], kv[0] != selected))
     return [PickShare(selected=k, share=v / resamples) for k, v in ranked]
 
 

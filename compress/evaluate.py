@@ -103,14 +103,16 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
     _, targets = task.read_eval(task.eval_rows(data.eval))
     rows = build_rows(meta, results, targets, policy)
     devices = list(dict.fromkeys(d for (_, d) in results))
-    decision = decide(rows, policy, devices, eval_examples=None if recipe.is_causal else len(data.eval))
-    if bench_spec.stability_resamples and not recipe.is_causal:
+    eval_examples = None if recipe.is_causal else len(data.eval)
+    decision = decide(rows, policy, devices, eval_examples=eval_examples)
+    if bench_spec.stability_resamples:
         t_stab = time.perf_counter()
-        shares = stability(rows, policy, devices, len(data.eval), resamples=bench_spec.stability_resamples)
-        if shares is not None:
+        shares = stability(rows, policy, devices, decision.selected, eval_examples,
+                           resamples=bench_spec.stability_resamples)
+        if shares is not None:  # None: no per-example scores, or a metric that is not their mean
             decision.stability, decision.stability_resamples = shares, bench_spec.stability_resamples
             decision.notes.append(stability_note(shares, decision.selected, bench_spec.stability_resamples,
-                                                 len(data.eval)))
+                                                 len(targets)))
             log(f"  decision replayed on {bench_spec.stability_resamples} resamples of the eval split "
                 f"in {time.perf_counter() - t_stab:.1f}s")
     seeds = {"data": recipe.seed, **{s.id: getattr(s.config, "seed", None) for s in recipe.stages if hasattr(s.config, "seed")}}

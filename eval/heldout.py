@@ -35,7 +35,7 @@ def main() -> int:
 
     from compress.benchmark import _run_worker, write_eval_file
     from compress.data import Data
-    from compress.decision import Policy, decide, paired_bootstrap, stability, stability_note
+    from compress.decision import Policy, decide, rescored, stability, stability_note
     from compress.measure import BenchJob, JobOptions, Measurement
     from compress.recipe import BenchmarkSpec, BudgetSpec, load_recipe
     from compress.report_json import read_report
@@ -79,16 +79,12 @@ def main() -> int:
     held = []
     for r in rows:
         m = results[r.id]
-        h = r.model_copy(deep=True)
-        h.verdict, h.reasons = None, []
         if not m.ok:
-            h.ok, h.error = False, m.error
-        else:
-            h.quality = m.quality
-            h.delta = m.quality - base.quality
-            scores = task.example_scores(np.array(m.predictions), targets)
-            h._scores = tuple(scores.tolist())  # the tie-break's paired intervals (decision.pick)
-            h.delta_ci95 = paired_bootstrap(base_scores, scores, bench.bootstrap_samples, scale=task.scale)
+            h = r.model_copy(update={"ok": False, "error": m.error})
+        else:  # the held-out quality, delta and interval; its scores feed the tie-break (decision.pick)
+            h = rescored(r, task.example_scores(np.array(m.predictions), targets), base_scores, task,
+                         bench.bootstrap_samples)
+        h.verdict, h.reasons = None, []
         held.append(h)
     policy = Policy(budget=BudgetSpec.model_validate(report.manifest.recipe["budget"]), benchmark=bench,
                     task=recipe.task)
@@ -111,7 +107,8 @@ def main() -> int:
     print(f"deployed on dev: {report.decision.selected}; on the held-out sentences: {decision.selected}")
     # How settled each pick is: the decision replayed on resamples of each eval set.
     resamples = bench.stability_resamples
-    held_shares = stability(held, policy, [args.device], len(targets), resamples=resamples) if resamples else None
+    held_shares = (stability(held, policy, [args.device], decision.selected, len(targets), resamples=resamples)
+                   if resamples else None)
     for where, shares, selected, n_resamples, n in (
         ("dev", report.decision.stability, report.decision.selected, report.decision.stability_resamples,
          len(data.eval)),
@@ -128,36 +125,20 @@ def _pooled(task, data, run_dir: Path, device: str, held: list, policy, bench) -
     """The decision, and its stability, on the dev and held-out sentences together: each
     variant's dev scores (its measurement in the run's bench/ folder) followed by its held-out
     ones, the baseline's likewise, so that the pairing holds over both."""
-    from compress.artifacts import is_sealed
-    from compress.benchmark import _read_json
-    from compress.decision import decide, paired_bootstrap, stability, stability_note
-    from compress.measure import Measurement
+    from compress.benchmark import _cached
+    from compress.decision import decide, rescored, stability, stability_note
 
     _, dev_targets = task.read_eval(task.eval_rows(data.eval))
-    pooled = []
+    scores = {}  # id -> [N_dev + N_held]
     for h in held:
-        f = run_dir / "bench" / f"{h.id}.{device}.json"
-        cached = _read_json(f) if f.is_file() else None
-        m = (Measurement.model_validate({k: v for k, v in cached.items() if k != "checksum"})
-             if cached is not None and is_sealed(cached) else None)  # an edited file has a broken checksum
-        if not h.ok or m is None or not m.ok or h._scores is None:
-            continue
-        p = h.model_copy(deep=True)
-        p._scores = tuple(np.concatenate([task.example_scores(np.array(m.predictions), dev_targets),
-                                          np.asarray(h._scores)]).tolist())  # [N_dev + N_held]
-        pooled.append(p)
-    base = next((p for p in pooled if p.id == policy.budget.baseline), None)
-    if base is None:
+        m = _cached(run_dir / "bench" / f"{h.id}.{device}.json", None)  # None: an edited file (broken checksum)
+        if h.ok and m is not None and h._scores is not None:
+            scores[h.id] = np.concatenate([task.example_scores(np.array(m.predictions), dev_targets), h._scores])
+    base_scores = scores.get(policy.budget.baseline)
+    if base_scores is None:
         print("pooled: the baseline's dev measurement is not in the run's bench/ folder")
         return
-    base_scores = np.asarray(base._scores)
-    base_quality = float(base_scores.mean() * task.scale)
-    for p in pooled:
-        scores = np.asarray(p._scores)
-        p.quality = float(scores.mean() * task.scale)
-        p.delta = task.delta(p.quality, base_quality)
-        p.delta_ci95 = paired_bootstrap(base_scores, scores, bench.bootstrap_samples, scale=task.scale)
-        p.verdict, p.reasons = None, []
+    pooled = [rescored(h, scores[h.id], base_scores, task, bench.bootstrap_samples) for h in held if h.id in scores]
     n = len(base_scores)
     decision = decide(pooled, policy, [device], eval_examples=n)
     print(f"pooled: {len(dev_targets)} dev and {n - len(dev_targets)} held-out sentences")
@@ -165,9 +146,10 @@ def _pooled(task, data, run_dir: Path, device: str, held: list, policy, bench) -
         lo, hi = p.delta_ci95
         print(f"  {p.id:<16}{p.quality:>7.2f}  {p.delta:+.2f} [{lo:+.2f}, {hi:+.2f}]  {p.verdict}")
     print(f"deployed on the pooled sentences: {decision.selected}")
-    shares = stability(pooled, policy, [device], n, resamples=bench.stability_resamples or 200)
+    resamples = bench.stability_resamples or 200
+    shares = stability(pooled, policy, [device], decision.selected, n, resamples=resamples)
     if shares:
-        print(f"  pooled: {stability_note(shares, decision.selected, bench.stability_resamples or 200, n)}")
+        print(f"  pooled: {stability_note(shares, decision.selected, resamples, n)}")
 
 
 if __name__ == "__main__":

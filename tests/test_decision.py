@@ -545,16 +545,22 @@ def _rows(res: dict, **budget):
     return rows, policy
 
 
-def test_a_pick_that_no_resample_changes_is_one_outcome():
+def _replay(rows, policy, resamples: int):
+    """decision.stability as the run calls it: after the decision on the real split (on copies here)."""
     from compress.decision import stability
 
+    selected = decide([r.model_copy(deep=True) for r in rows], policy, ["cpu"]).selected
+    return stability(rows, policy, ["cpu"], selected, len(LABELS), resamples=resamples)
+
+
+def test_a_pick_that_no_resample_changes_is_one_outcome():
     rows, policy = _rows(three_variants())  # every variant answers like the baseline: intervals [0, 0]
-    shares = stability(rows, policy, ["cpu"], len(LABELS), resamples=30)
+    shares = _replay(rows, policy, 30)
     assert [(s.selected, s.share) for s in shares] == [("cheap", 1.0)]
 
 
 def test_a_variant_at_the_edge_of_the_budget_splits_the_replayed_decisions():
-    from compress.decision import stability, stability_note
+    from compress.decision import stability_note
 
     # 4 of 400 wrong: -1.00 point against a perfect baseline, exactly at the 1-point budget
     # on the point estimate, so about half the resamples put it over.
@@ -563,7 +569,7 @@ def test_a_variant_at_the_edge_of_the_budget_splits_the_replayed_decisions():
     rows, policy = _rows(res, gate_on="point")
     actual = decide([r.model_copy(deep=True) for r in rows], policy, ["cpu"]).selected
     assert actual == "edge"
-    shares = stability(rows, policy, ["cpu"], len(LABELS), resamples=100)
+    shares = _replay(rows, policy, 100)
     outcomes = {s.selected: s.share for s in shares}
     assert set(outcomes) == {"edge", None}
     assert 0.2 < outcomes["edge"] < 0.8 and sum(outcomes.values()) == pytest.approx(1.0)
@@ -574,25 +580,21 @@ def test_a_variant_at_the_edge_of_the_budget_splits_the_replayed_decisions():
     # The interval gate rejects 'edge' on the real split and on most resamples (only those
     # that draw one or two of its 4 errors put the interval's lower end within the budget).
     rows, policy = _rows(res, gate_on="ci_lower")
-    shares = stability(rows, policy, ["cpu"], len(LABELS), resamples=50)
+    shares = _replay(rows, policy, 50)
     assert shares[0].selected is None and shares[0].share > 0.7
 
 
 def test_replaying_the_decision_leaves_the_rows_and_the_real_decision_alone():
-    from compress.decision import stability
-
     rows, policy = _rows(close_variants())
     before = [r.model_dump() for r in rows]
-    first = stability(rows, policy, ["cpu"], len(LABELS), resamples=40)
+    first = _replay(rows, policy, 40)
     assert [r.model_dump() for r in rows] == before
-    assert stability(rows, policy, ["cpu"], len(LABELS), resamples=40) == first  # seeded
+    assert _replay(rows, policy, 40) == first  # seeded
     d = decide(rows, policy, ["cpu"])
     assert d.selected == "cheap" and first[0].selected == "cheap"
 
 
 def test_no_stability_without_per_example_scores():
-    from compress.decision import stability
-
     rows, policy = _rows(three_variants())
     rows[1]._scores = None
-    assert stability(rows, policy, ["cpu"], len(LABELS), resamples=10) is None
+    assert _replay(rows, policy, 10) is None

@@ -169,6 +169,9 @@ class Task:
         raise NotImplementedError
 
     scale: float = 1.0  # metric = mean(example_scores) * scale (100: a share in points)
+    # False where the metric is not that mean (perplexity: exp of the mean NLL): figures that
+    # recompute the metric from resampled scores (decision.stability) are then not made.
+    metric_is_mean: bool = True
 
     # --- comparing with the baseline
     def delta(self, value: float, base: float) -> float:

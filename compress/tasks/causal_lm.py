@@ -302,6 +302,7 @@ class CausalLMTask(Task):
         ppl = next(e for e in measurement.lm.evals if e.name == "perplexity")
         return np.asarray(ppl.scores, dtype=np.float64)
 
+    metric_is_mean = False  # perplexity is exp(mean NLL), not the windows' mean
     delta = staticmethod(delta)
     interval = staticmethod(interval)
     points_interval = staticmethod(points_interval)
