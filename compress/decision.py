@@ -131,6 +131,10 @@ class Row(Variant):
     paired_vs_input: bool | None = None
     vs_runtime: list[RuntimeComparison] | None = None
     members: dict[str, Member | None] | None = None
+    # Rejected by the interval gate (gate_on ci_lower) with its point estimate within the
+    # budget: the eval split size at which the interval would clear the budget, were the
+    # delta and its per-example spread the same there (stats.examples_to_clear).
+    examples_to_pass: int | None = None
     verdict: str | None = None
     reasons: list[str] = []
     checks: list[Check] | None = None
@@ -503,6 +507,10 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
 
     task = get_task(policy.task)
     samples = policy.benchmark.bootstrap_samples
+    if budget.gate_on == "ci_lower":
+        base = next((r for r in rows if r.id == base_id and r.device == device and r.ok), None)
+        for r in candidates:
+            _interval_hint(r, base, task, budget.quality_limit(metric.name))
 
     intervals: dict[tuple[int, int], tuple[float, float]] = {}
 
@@ -626,6 +634,28 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
         exit_code=EXIT_OK if selected else EXIT_BUDGET,
         notes=notes,
     )
+
+
+def _interval_hint(r: Row, base: Row | None, task: "Task", max_drop: float) -> None:
+    """A row the interval gate rejects while its point estimate is within the budget: how
+    large an eval split would narrow the interval enough, were the delta and its per-example
+    spread the same on more data (`examples_to_pass`, and a clause on the failed check and
+    reason). What "a larger eval split" means for this variant: whether the budget is a
+    matter of more data or out of reach of any."""
+    if r.examples_to_pass is not None:  # a row decided before (a replay's copy): only set when it applies,
+        r.examples_to_pass = None       # so report.json keeps omitting it elsewhere
+    check = next((c for c in r.checks or [] if c.name == check_names(task.metric)[0]), None)
+    if (check is None or check.status != "fail" or base is None or r.delta is None
+            or r._scores is None or base._scores is None):
+        return
+    n = task.examples_to_clear(np.asarray(base._scores), np.asarray(r._scores), max_drop - task.metric.drop(r.delta))
+    if n is None:
+        return
+    r.examples_to_pass = n
+    old = check.message
+    check.message = (f"{old} (the point, {r.delta:+.2f}, is within it: an eval split of about {n:,} examples, "
+                     f"against {len(base._scores):,} here, would narrow the interval enough, were the delta the same there)")
+    r.reasons = [check.message if m == old else m for m in r.reasons]
 
 
 def rescored(row: Row, scores: np.ndarray, base_scores: np.ndarray, task: "Task", samples: int,

@@ -25,9 +25,10 @@ REPORT_JSON = "report.json"
 # figure is keyed by the task's metric (`perplexity`; classification keeps `accuracy`), and
 # rows carry an `lm` block (every eval, generation speed, $ per 1M tokens, the memory plan).
 # 4: the decision's `stability` and `stability_resamples` (the decision replayed on
-# resamples of the eval split).
-SCHEMA_VERSION = 4
-SCHEMA_VERSIONS = (1, 2, 3, 4)
+# resamples of the eval split). 5: a row's `examples_to_pass` (the eval split size at which
+# the interval gate would pass a variant it rejects with its point estimate within budget).
+SCHEMA_VERSION = 5
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 QUALITY_KEY = "accuracy"  # the key Row.quality is written under for classification
 
 

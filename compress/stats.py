@@ -1,7 +1,9 @@
-"""Statistics shared by the tasks and the decision: the paired bootstrap."""
+"""Statistics shared by the tasks and the decision: the paired bootstrap, and the eval split
+size its interval needs."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -25,3 +27,27 @@ def paired_bootstrap(scores_a: np.ndarray, scores_b: np.ndarray, samples: int, s
         deltas = transform(deltas / scale)
     lo, hi = np.percentile(deltas, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+# The two-sided 95% normal quantile: paired_bootstrap's percentile interval of a mean of n
+# paired differences is close to mean +- Z95 * sd / sqrt(n) once n is in the hundreds.
+Z95 = 1.959963984540054
+
+
+def examples_to_clear(scores_a: np.ndarray, scores_b: np.ndarray, margin: float, scale: float = 100.0
+                      ) -> int | None:
+    """How many eval examples the paired 95% interval of quality(b) - quality(a) needs for its
+    half-width to be `margin` (in the metric's unit), were the per-example differences [N] as
+    spread on more data as on these: ceil((Z95 * sd * scale / margin)^2). None when margin <= 0
+    (no size of split helps a point estimate already over the budget) or the differences do
+    not vary (the interval is already a point).
+
+    Why by hand: the sample size of a paired mean difference is one line of arithmetic;
+    statsmodels' power solvers would be a dependency for it."""
+    if margin <= 0:
+        return None
+    diff = np.asarray(scores_b, dtype=np.float64) - np.asarray(scores_a, dtype=np.float64)  # [N]
+    sd = float(diff.std(ddof=1)) if diff.size > 1 else 0.0
+    if sd == 0.0:
+        return None
+    return math.ceil((Z95 * sd * scale / margin) ** 2)

@@ -144,7 +144,8 @@ def _pooled(task, data, run_dir: Path, device: str, held: list, policy, bench) -
     print(f"pooled: {len(dev_targets)} dev and {n - len(dev_targets)} held-out sentences")
     for p in pooled:
         lo, hi = p.delta_ci95
-        print(f"  {p.id:<16}{p.quality:>7.2f}  {p.delta:+.2f} [{lo:+.2f}, {hi:+.2f}]  {p.verdict}")
+        need = f" (passes on about {p.examples_to_pass:,} sentences, were the delta the same)" if p.examples_to_pass else ""
+        print(f"  {p.id:<16}{p.quality:>7.2f}  {p.delta:+.2f} [{lo:+.2f}, {hi:+.2f}]  {p.verdict}{need}")
     print(f"deployed on the pooled sentences: {decision.selected}")
     resamples = bench.stability_resamples or 200
     shares = stability(pooled, policy, [device], decision.selected, n, resamples=resamples)

@@ -598,3 +598,61 @@ def test_no_stability_without_per_example_scores():
     rows, policy = _rows(three_variants())
     rows[1]._scores = None
     assert _replay(rows, policy, 10) is None
+
+
+# ------------------------------------------------------------------ eval split size for the interval gate
+
+
+def _pair_wrong_on(baseline_wrong: range, variant_wrong: range, labels: np.ndarray, copies: int = 1) -> dict:
+    """Baseline and variant measurements wrong on the given indices of `labels`, each tiled
+    `copies` times (a larger eval split with the same per-example differences)."""
+    def preds(wrong):
+        p = labels.copy()
+        p[list(wrong)] = 1 - p[list(wrong)]
+        return np.tile(p, copies)
+
+    big = np.tile(labels, copies)
+    return {"baseline": measurement(preds(baseline_wrong), big, throughput=100),
+            "q": measurement(preds(variant_wrong), big, throughput=400)}, big
+
+
+def _decide_on(res: dict, labels: np.ndarray, **budget):
+    policy = recipe_dict(**budget)
+    rows = build_rows(variants(*res), typed({(k, "cpu"): v for k, v in res.items()}), labels, policy)
+    return decide(rows, policy, ["cpu"]), {r.id: r for r in rows}
+
+
+def test_the_interval_gate_says_how_many_eval_examples_would_pass_a_variant_within_budget_on_its_point():
+    # Baseline wrong on 40 of 400, the variant on 42 (20 of them shared): -0.50 points, and
+    # they disagree on 42 examples, 10.5%, so the interval is about +-3 points wide.
+    res, labels = _pair_wrong_on(range(0, 40), range(20, 62), LABELS)
+    d, rows = _decide_on(res, labels, gate_on="ci_lower")
+    q = rows["q"]
+    assert d.selected is None and q.delta == pytest.approx(-0.5)
+    n = q.examples_to_pass
+    # (1.96 * sd * 100 / (1.0 - 0.5))^2, sd of the differences sqrt((0.105 - 0.005^2) * 400/399)
+    assert n == pytest.approx((1.96 * np.sqrt((0.105 - 0.005**2) * 400 / 399) * 100 / 0.5) ** 2, rel=1e-3)
+    assert f"(the point, -0.50, is within it: an eval split of about {n:,} examples, against 400 here," in q.reasons[0]
+    assert q.reasons[0] == next(c.message for c in q.checks if c.status == "fail")
+    assert q.dump()["examples_to_pass"] == n
+    # The figure is the bootstrap's: the same differences on 1.6x that many examples pass the
+    # gate, on 0.6x they do not (nearer 1x, the bootstrap's own percentile noise, a few
+    # hundredths of a point, decides).
+    for factor, passes in ((1.6, True), (0.6, False)):
+        copies = round(factor * n / len(LABELS))
+        res, labels = _pair_wrong_on(range(0, 40), range(20, 62), LABELS, copies)
+        d, rows = _decide_on(res, labels, gate_on="ci_lower")
+        assert (d.selected == "q") is passes, (factor, rows["q"].delta_ci95)
+        assert rows["q"].examples_to_pass is None if passes else rows["q"].examples_to_pass == pytest.approx(n, rel=0.01)
+
+
+def test_no_eval_split_size_is_named_where_it_cannot_help():
+    # -1.50 points on the point estimate: over the 1-point budget whatever the split's size.
+    res, labels = _pair_wrong_on(range(0, 40), range(20, 66), LABELS)
+    d, rows = _decide_on(res, labels, gate_on="ci_lower")
+    assert rows["q"].examples_to_pass is None and "eval split of about" not in rows["q"].reasons[0]
+    # Gating on the point: a within-budget variant passes, a rejected one is over on its point.
+    res, labels = _pair_wrong_on(range(0, 40), range(20, 62), LABELS)
+    d, rows = _decide_on(res, labels, gate_on="point")
+    assert d.selected == "q" and rows["q"].examples_to_pass is None
+    assert "examples_to_pass" not in rows["baseline"].dump() and "examples_to_pass" not in rows["q"].dump()

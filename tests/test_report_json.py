@@ -1,5 +1,5 @@
 """report.json as typed records: written by alias without unset fields, read back through
-the same records, byte for byte; schema 1 (no task block) to 4 (the decision's stability) all read."""
+the same records, byte for byte; schema 1 (no task block) to 5 (a row's examples_to_pass) all read."""
 
 import json
 
@@ -57,7 +57,7 @@ def test_report_json_reads_back_into_the_same_file(tmp_path):
 def test_schema_2_carries_the_task_and_older_schemas_are_sequence_classification(tmp_path):
     from compress.tasks import get_task
 
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     info = get_task().info().model_dump()
     write_reports(_report(schema_version=2, task=info), tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
@@ -87,7 +87,7 @@ def test_a_causal_lm_report_keys_its_quality_by_perplexity_and_reads_it_back(tmp
     (lambda r: r["rows"][1].update(acuracy=1.0), "rows.1.acuracy: Extra inputs are not permitted"),
     (lambda r: r["rows"][1].pop("accuracy"), "rows[1]: a row marked ok lacks accuracy"),
     (lambda r: r["decision"].update(best_failed={"id": 3}), "decision.best_failed.id"),
-    (lambda r: r.update(schema_version=5), "not a compress report (schema_version 1 or 2 or 3 or 4)"),
+    (lambda r: r.update(schema_version=6), "not a compress report (schema_version 1 or 2 or 3 or 4 or 5)"),
 ])
 def test_a_malformed_report_is_one_line(tmp_path, edit, problem):
     report = _report()
@@ -116,3 +116,18 @@ def test_the_decisions_stability_goes_through_report_json(tmp_path):
     assert "stability" not in old["decision"] and read_report(tmp_path / "old").decision.stability is None
     with pytest.raises(ValueError):
         Report.model_validate({**rep, "decision": {**rep["decision"], "stability": [{"selected": "int8"}]}})
+
+
+def test_a_rows_examples_to_pass_goes_through_report_json(tmp_path):
+    """Schema 5: `examples_to_pass` on a row the interval gate rejects with its point estimate
+    within the budget (-2 points against a 3-point budget, its interval far below -3)."""
+    from tests.synthetic_report import recipe_dict
+
+    res = {"baseline": measurement(LABELS, LABELS), "int8": measurement(flip(LABELS, 2), LABELS, size_mb=25)}
+    rep = make_report(res, LABELS, recipe_dict(gate_on="ci_lower", max_accuracy_drop=3.0))
+    write_reports({**rep, "schema_version": SCHEMA_VERSION}, tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    n = data["rows"][1]["examples_to_pass"]
+    assert data["schema_version"] == 5 and n > len(LABELS)
+    assert read_report(tmp_path).rows[1].examples_to_pass == n
+    assert "examples_to_pass" not in data["rows"][0]  # the baseline: never set, never written

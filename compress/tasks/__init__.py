@@ -192,6 +192,13 @@ class Task:
 
         return paired_bootstrap(base_scores, scores, samples, seed=seed, scale=self.scale)
 
+    def examples_to_clear(self, base_scores: "np.ndarray", scores: "np.ndarray", margin: float) -> int | None:
+        """The eval split size at which `interval` would be +-`margin` wide (stats.examples_to_clear);
+        None where the metric is not the mean of the scores, which the formula assumes."""
+        from compress.stats import examples_to_clear
+
+        return examples_to_clear(base_scores, scores, margin, scale=self.scale) if self.metric_is_mean else None
+
 
 def get_task(name: str = DEFAULT_TASK) -> Task:
     if name not in TASKS:
