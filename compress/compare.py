@@ -23,6 +23,7 @@ import numpy as np
 
 from compress.decision import Row, paired_bootstrap
 from compress.report_json import Report, read_report
+from compress.stats import Z95
 from compress.tasks import get_task
 
 SIZE_TOLERANCE = 0.01
@@ -91,7 +92,7 @@ def quality_interval(ra: Row, rb: Row, a: Report, b: Report, dir_a: Path, dir_b:
     # A normal approximation of two independent proportions: accuracy-like metrics only.
     p, q = ra.quality / 100, rb.quality / 100
     se = math.sqrt(p * (1 - p) / n_a + q * (1 - q) / n_b) * 100
-    return [change - 1.96 * se, change + 1.96 * se], "unpaired normal approximation"
+    return [change - Z95 * se, change + Z95 * se], "unpaired normal approximation"
 
 
 def _rel(a: float | None, b: float | None) -> float | None:
