@@ -485,6 +485,10 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
         notes.append(f"budget.device {device} was not benchmarked here; deciding on cpu")
         device = "cpu"
     key = OBJECTIVE_KEY[budget.objective]
+    task = get_task(policy.task)
+    # The baseline's scores size the eval split a rejected variant would need (interval gate only).
+    base = (next((r for r in rows if r.id == base_id and r.device == device and r.ok), None)
+            if budget.gate_on == "ci_lower" else None)
     candidates, passing = [], []
     for r in rows:
         if r.device != device:
@@ -494,6 +498,7 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
             r.verdict, r.reasons = ("baseline", []) if r.ok else ("failed", [r.error or ""])
             continue
         r.checks = budget_checks(r, budget, metric)
+        _interval_hint(r, base, task, budget.quality_limit(metric.name))
         if not r.ok:
             reasons = [f"benchmark failed: {r.error}"]
         else:
@@ -505,12 +510,7 @@ def decide(rows: list[Row], policy: Policy, available_devices: list[str], eval_e
         if not reasons:
             passing.append(r)
 
-    task = get_task(policy.task)
     samples = policy.benchmark.bootstrap_samples
-    if budget.gate_on == "ci_lower":
-        base = next((r for r in rows if r.id == base_id and r.device == device and r.ok), None)
-        for r in candidates:
-            _interval_hint(r, base, task, budget.quality_limit(metric.name))
 
     intervals: dict[tuple[int, int], tuple[float, float]] = {}
 
@@ -640,8 +640,9 @@ def _interval_hint(r: Row, base: Row | None, task: "Task", max_drop: float) -> N
     """A row the interval gate rejects while its point estimate is within the budget: how
     large an eval split would narrow the interval enough, were the delta and its per-example
     spread the same on more data (`examples_to_pass`, and a clause on the failed check and
-    reason). What "a larger eval split" means for this variant: whether the budget is a
-    matter of more data or out of reach of any."""
+    reason, which decide() builds from the checks after this). What "a larger eval split"
+    means for this variant: whether the budget is a matter of more data or out of reach of
+    any. `base`: None outside the interval gate."""
     if r.examples_to_pass is not None:  # a row decided before (a replay's copy): only set when it applies,
         r.examples_to_pass = None       # so report.json keeps omitting it elsewhere
     check = next((c for c in r.checks or [] if c.name == check_names(task.metric)[0]), None)
@@ -652,10 +653,8 @@ def _interval_hint(r: Row, base: Row | None, task: "Task", max_drop: float) -> N
     if n is None:
         return
     r.examples_to_pass = n
-    old = check.message
-    check.message = (f"{old} (the point, {r.delta:+.2f}, is within it: an eval split of about {n:,} examples, "
-                     f"against {len(base._scores):,} here, would narrow the interval enough, were the delta the same there)")
-    r.reasons = [check.message if m == old else m for m in r.reasons]
+    check.message += (f" (the point, {r.delta:+.2f}, is within it: an eval split of about {n:,} examples, "
+                      f"against {len(base._scores):,} here, would narrow the interval enough, were the delta the same there)")
 
 
 def rescored(row: Row, scores: np.ndarray, base_scores: np.ndarray, task: "Task", samples: int,
