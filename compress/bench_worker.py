@@ -203,38 +203,54 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
     lengths = np.array([task.size(enc, i) for i in range(n_rows)])
     warmup = job.warmup
 
-    def timed_pass(batches: list[list[int]], phase: str) -> tuple[list[float], list[np.ndarray]]:
-        padded = [task.batch(enc, b) for b in batches]
-        ph.begin("warm-up")
-        _warm_up(task, pred, padded, warmup)
+    def timed_pass(batches: list[list[int]], phase: str, model=pred, encoded=enc,
+                   warm: bool = True) -> tuple[list[float], list[np.ndarray]]:
+        padded = [task.batch(encoded, b) for b in batches]
+        if warm:  # warm=False: the same batches ran just before, in this process
+            ph.begin("warm-up")
+            _warm_up(task, model, padded, warmup)
         # A predictor that routes inputs (a cascade) counts what it routed: start the
         # count after the warm-up so that it covers exactly the timed inputs.
-        if hasattr(pred, "reset_counts"):
-            pred.reset_counts()
+        if hasattr(model, "reset_counts"):
+            model.reset_counts()
         ph.begin(phase, sum(len(b) for b in batches))
         times, outs = [], []
         # A cascade under load (batches above 1) is a stream: its routed rows queue into full
         # batches for the large member (formats/cascade.py). Each batch's time then holds the
         # large calls its rows set off; the last one also the queue's remainder.
-        stream = hasattr(pred, "submit") and max(len(b) for b in batches) > 1
+        stream = hasattr(model, "submit") and max(len(b) for b in batches) > 1
         for b, batch in zip(batches, padded):
             if stream:
                 start = time.perf_counter()
-                pred.submit(batch, len(batches[0]))
-                pred.sync()
+                model.submit(batch, len(batches[0]))
+                model.sync()
                 times.append((time.perf_counter() - start) * 1000.0)
             else:
-                ms, out = _timed(task, pred, batch)
+                ms, out = _timed(task, model, batch)
                 times.append(ms)
                 outs.append(out)
             ph.step(len(b))
         if stream:
             start = time.perf_counter()
-            outs = pred.drain()
-            pred.sync()
+            outs = model.drain()
+            model.sync()
             times[-1] += (time.perf_counter() - start) * 1000.0
         ph.end()
         return times, outs
+
+    # A cascade's cost is judged against its large member's ($/1K, compress/decision.py), so
+    # that member is timed alone here as well, its throughput passes alternating with the
+    # cascade's (cascade, member, member, cascade): both figures then come from the same
+    # minutes of the machine. Taken from their own rows, measured in processes minutes apart,
+    # the ratio moved by 10% and more between runs on a shared CPU.
+    alone = None
+    if getattr(pred, "large_source", None) is not None and any(bs > 1 for bs in job.batch_sizes):
+        fmt, folder = pred.large_source
+        ph.begin("load")
+        alone_pred = _load(job.model_copy(update={"format": fmt, "path": str(folder)}))
+        ph.begin("tokenize")
+        alone_enc = task.encode(alone_pred, inputs, job.max_length)
+        alone = (alone_pred, alone_enc, np.array([task.size(alone_enc, i) for i in range(n_rows)]))
 
     # Batch 1: latency percentiles over real eval sentences (an evenly spaced selection).
     lat_idx = _latency_selection(n_rows, job)
@@ -262,13 +278,23 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
     predictions = task.predictions(outputs)
     quality = task.quality(predictions, targets)
 
-    batches_out = []
+    batches_out, large_alone = [], []
     for bs in sorted(set(job.batch_sizes) | {1}):
         if bs == 1:
             times, n, waste, q = lat_ms, n_lat, 0.0, quality
         else:
             batches = length_sorted_batches(lengths, bs)
             times, outs = timed_pass(batches, f"throughput (batch {bs})")
+            if alone is not None:
+                alone_batches = length_sorted_batches(alone[2], bs)
+                phase = f"large member alone (batch {bs})"
+                member = [timed_pass(alone_batches, phase, alone[0], alone[1], warm=w)[0] for w in (True, False)]
+                again = timed_pass(batches, f"throughput (batch {bs})", warm=False)[0]
+                times = [(a + b) / 2.0 for a, b in zip(times, again)]  # per batch: the mean of its two passes
+                member_ms = [(a + b) / 2.0 for a, b in zip(*member)]
+                p = percentiles(member_ms)
+                large_alone.append(BatchFigures(batch_size=bs, throughput=n_rows / (sum(member_ms) / 1000.0),
+                                                p50_ms=p.p50, p95_ms=p.p95, p99_ms=p.p99))
             n = n_rows
             real = sum(int(lengths[b].sum()) for b in batches)
             waste = 1.0 - real / sum(int(lengths[b].max()) * len(b) for b in batches)
@@ -304,6 +330,8 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
     )
     if routed_share is not None:
         m.routed_share = routed_share
+    if large_alone:
+        m.large_alone = large_alone
     m.phase_seconds = ph.seconds  # where the measurement's time went (report.json `timing`)
     return m
 

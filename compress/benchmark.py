@@ -26,8 +26,9 @@ from compress.tasks import DEFAULT_TASK, get_task
 # latency is the median over rounds (BenchmarkSpec.latency_rounds). 4: later rounds time each
 # variant alternately with the baseline in one process, and speed-ups against the baseline
 # come from those paired rounds. 5: the warm-up runs every input shape once (OpenVINO compiles
-# kernels per shape on its first call).
-METHOD = 5
+# kernels per shape on its first call). 6: a cascade's throughput passes alternate with its
+# large member's alone, in one process (Measurement.large_alone), and are the mean of two.
+METHOD = 6
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.artifacts import Artifact

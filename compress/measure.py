@@ -143,6 +143,9 @@ class Measurement(Record):
     notes: list[str] = []
     effective_device: str | None = None
     routed_share: float | None = None
+    # A cascade: its large member alone, timed in the same process, each batch size's passes
+    # alternating with the cascade's (batch sizes above 1).
+    large_alone: list[BatchFigures] | None = None
     phase_seconds: dict[str, float] = {}  # where the measurement's time went (report.json `timing`)
     wall_seconds: float | None = None  # process start included
     latency_rounds_p50: list[float] | None = None  # each round's batch-1 p50

@@ -27,8 +27,10 @@ REPORT_JSON = "report.json"
 # 4: the decision's `stability` and `stability_resamples` (the decision replayed on
 # resamples of the eval split). 5: a row's `examples_to_pass` (the eval split size at which
 # the interval gate would pass a variant it rejects with its point estimate within budget).
-SCHEMA_VERSION = 5
-SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
+# 6: a cascade row's `large_alone_usd_per_1k`, `cost_vs_large` and `cost_vs_large_paired`
+# (its large member timed alone in the cascade's process, and the cost ratio).
+SCHEMA_VERSION = 6
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
 QUALITY_KEY = "accuracy"  # the key Row.quality is written under for classification
 
 

@@ -64,13 +64,14 @@ def variants(*ids: str) -> list[dict]:
 
 
 def make_report(results: dict[str, dict], labels: np.ndarray, recipe: Policy | None = None,
-                cpu_model: str = "Test CPU", name: str = "synthetic") -> dict:
-    """report.json's object (schema 1: no task block) from {variant id: measurement} on the cpu."""
+                cpu_model: str = "Test CPU", name: str = "synthetic", meta: list[dict] | None = None) -> dict:
+    """report.json's object (schema 1: no task block) from {variant id: measurement} on the cpu;
+    `meta`: the variants' records (default: `variants(*results)`)."""
     from compress.report import Report
 
     recipe = recipe or recipe_dict()
     res = typed({(vid, "cpu"): copy.deepcopy(r) for vid, r in results.items()})
-    rows = build_rows(variants(*results), res, labels, recipe)
+    rows = build_rows(meta or variants(*results), res, labels, recipe)
     decision = decide(rows, recipe, ["cpu"])
     return Report.model_validate({
         "schema_version": 1, "recipe": name, "run_dir": "", "devices": ["cpu"], "budget": recipe.budget.model_dump(),

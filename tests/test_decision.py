@@ -234,10 +234,47 @@ def test_a_cascade_row_compares_itself_with_both_members():
     note = next(n for n in casc["notes"] if "went on to 'baseline'" in n)
     assert note.startswith("30% of the eval inputs") and f"{casc['accuracy']:.2f} against" in note
     assert f"({casc['usd_per_1k'] / rows['baseline']['usd_per_1k']:.2f}x the large member's)" in note
+    # No figure of the large member timed beside the cascade: the ratio is the two rows'.
+    assert casc["cost_vs_large"] == pytest.approx(casc["usd_per_1k"] / rows["baseline"]["usd_per_1k"])
+    assert casc["cost_vs_large_paired"] is False and "large_alone_usd_per_1k" not in casc
     assert "members" not in rows["small"]
     lone = typed_rows[2].model_copy(update={"refs": {"large": "gone"}, "notes": []})
     compare_members([lone])  # a member without a row: no error
     assert lone.members == {"small": None, "large": None} and lone.notes[0].endswith("went on to 'gone'")
+
+
+def test_a_cascade_is_costed_against_its_large_member_timed_beside_it():
+    """The worker times the large member alone in the cascade's process (large_alone): the
+    cost ratio reads that figure, not the large member's own row, measured at another time."""
+    from compress.decision import compare_members
+
+    res = {(v, "cpu"): measurement(LABELS, LABELS, throughput=t, routed_share=0.3 if v == "casc" else None)
+           for v, t in (("baseline", 100.0), ("small", 400.0), ("casc", 250.0))}
+    for r in res.values():
+        if r.get("routed_share") is None:
+            r.pop("routed_share")
+    # Timed beside the cascade the large member ran at 375/s (b32), faster than its row's 300/s
+    # (b32 of batches(throughput=100)): the machine was quicker then, for both.
+    res[("casc", "cpu")]["large_alone"] = [{"batch_size": 8, "throughput": 180.0, "p95_ms": 9.0},
+                                          {"batch_size": 32, "throughput": 375.0, "p95_ms": 30.0}]
+    meta = variants("baseline", "small", "casc")
+    meta[2]["source"], meta[2]["refs"] = "small", {"large": "baseline"}
+    rows = build_rows(meta, typed(res), LABELS, recipe_dict())
+    casc, base = next(r for r in rows if r.id == "casc"), next(r for r in rows if r.id == "baseline")
+    assert casc.large_alone_usd_per_1k == pytest.approx(usd_per_1k(0.17, 375.0))
+    assert casc.cost_vs_large == pytest.approx(casc.usd_per_1k / usd_per_1k(0.17, 375.0))
+    assert casc.cost_vs_large_paired is True
+    unpaired = casc.usd_per_1k / base.usd_per_1k
+    assert casc.cost_vs_large == pytest.approx(unpaired * 375.0 / 300.0)
+    note = next(n for n in casc.notes if "went on to 'baseline'" in n)
+    assert f"({casc.cost_vs_large:.2f}x the large member's timed alone in the cascade's process" in note
+    assert f"{unpaired:.2f}x its own row's" in note
+    # Under a latency SLO only batch 8 of the large member qualifies (p95 9 ms): its figure counts.
+    slo = build_rows(meta, typed(res), LABELS, recipe_dict(latency_p95_ms=20.0))
+    assert next(r for r in slo if r.id == "casc").large_alone_usd_per_1k == pytest.approx(usd_per_1k(0.17, 180.0))
+    assert all(r.cost_vs_large is None for r in rows if r.id != "casc")
+    compare_members(rows)  # idempotent figures on a second pass
+    assert casc.cost_vs_large == pytest.approx(unpaired * 375.0 / 300.0)
 
 
 def test_batches_helper_is_a_monotone_curve():

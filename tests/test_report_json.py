@@ -57,7 +57,7 @@ def test_report_json_reads_back_into_the_same_file(tmp_path):
 def test_schema_2_carries_the_task_and_older_schemas_are_sequence_classification(tmp_path):
     from compress.tasks import get_task
 
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6
     info = get_task().info().model_dump()
     write_reports(_report(schema_version=2, task=info), tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
@@ -87,7 +87,7 @@ def test_a_causal_lm_report_keys_its_quality_by_perplexity_and_reads_it_back(tmp
     (lambda r: r["rows"][1].update(acuracy=1.0), "rows.1.acuracy: Extra inputs are not permitted"),
     (lambda r: r["rows"][1].pop("accuracy"), "rows[1]: a row marked ok lacks accuracy"),
     (lambda r: r["decision"].update(best_failed={"id": 3}), "decision.best_failed.id"),
-    (lambda r: r.update(schema_version=6), "not a compress report (schema_version 1 or 2 or 3 or 4 or 5)"),
+    (lambda r: r.update(schema_version=7), "not a compress report (schema_version 1 or 2 or 3 or 4 or 5 or 6)"),
 ])
 def test_a_malformed_report_is_one_line(tmp_path, edit, problem):
     report = _report()
@@ -128,6 +128,25 @@ def test_a_rows_examples_to_pass_goes_through_report_json(tmp_path):
     write_reports({**rep, "schema_version": SCHEMA_VERSION}, tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
     n = data["rows"][1]["examples_to_pass"]
-    assert data["schema_version"] == 5 and n > len(LABELS)
+    assert data["schema_version"] == SCHEMA_VERSION and n > len(LABELS)
     assert read_report(tmp_path).rows[1].examples_to_pass == n
     assert "examples_to_pass" not in data["rows"][0]  # the baseline: never set, never written
+
+
+def test_a_cascades_cost_against_its_large_member_goes_through_report_json(tmp_path):
+    """Schema 6: a cascade row's `large_alone_usd_per_1k` (its large member timed alone in the
+    cascade's process), `cost_vs_large` and `cost_vs_large_paired`."""
+    from tests.synthetic_report import recipe_dict, variants
+
+    res = {"baseline": measurement(LABELS, LABELS),
+           "casc": measurement(LABELS, LABELS, throughput=400.0, routed_share=0.2,
+                               large_alone=[{"batch_size": 32, "throughput": 500.0, "p95_ms": 30.0}])}
+    meta = variants("baseline", "casc")
+    meta[1]["source"], meta[1]["refs"] = "baseline", {"large": "baseline"}
+    rep = make_report(res, LABELS, recipe_dict(), meta=meta)
+    write_reports({**rep, "schema_version": SCHEMA_VERSION}, tmp_path)
+    row = json.loads((tmp_path / "report.json").read_text())["rows"][1]
+    assert row["cost_vs_large_paired"] is True and row["cost_vs_large"] == pytest.approx(500.0 / 1200.0)
+    back = read_report(tmp_path).rows[1]
+    assert (back.large_alone_usd_per_1k, back.cost_vs_large) == (row["large_alone_usd_per_1k"], row["cost_vs_large"])
+    assert "cost_vs_large" not in json.loads((tmp_path / "report.json").read_text())["rows"][0]

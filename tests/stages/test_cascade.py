@@ -219,6 +219,7 @@ def test_cascade_end_to_end(cascade_run):
     assert casc["verdict"] in ("selected", "within budget", "rejected")
     assert casc["delta_ci95"] is not None and casc["usd_per_1k"] is not None
     assert "routed_share" not in rows["int8"]
+    assert casc["cost_vs_large_paired"] is True and casc["cost_vs_large"] > 0  # torch members too
 
     for name in ("report.html", "junit.xml", "report.md", "report.json"):
         assert (run_dir / name).is_file()
@@ -411,6 +412,14 @@ def test_trimmed_onnx_int8_chain_in_front_of_the_baselines_onnx_int8(tiny_checkp
     assert casc["routed_share"] == 1.0 and casc["accuracy"] == rows["onnx_int8"]["accuracy"]
     bench = {v: json.loads((tmp_path / "tiny" / "bench" / f"{v}.cpu.json").read_text()) for v in ("cascade", "onnx_int8")}
     assert bench["cascade"]["predictions"] == bench["onnx_int8"]["predictions"]
+    # The large member was also timed alone in the cascade's process, its passes alternating
+    # with the cascade's, at each batch size above 1: the cost ratio reads that figure.
+    alone = bench["cascade"]["large_alone"]
+    assert [b["batch_size"] for b in alone] == [8] and alone[0]["throughput"] > 0
+    assert "large_alone" not in bench["onnx_int8"]
+    assert casc["cost_vs_large_paired"] is True
+    assert casc["cost_vs_large"] == pytest.approx(casc["usd_per_1k"] / casc["large_alone_usd_per_1k"])
+    assert any("timed alone in the cascade's process" in n for n in casc["notes"])
     assert any("different tokenizers" in n for n in casc["notes"])
     assert any("of the eval inputs went on to 'onnx_int8'" in n for n in casc["notes"])
     md = (tmp_path / "tiny" / "report.md").read_text()
