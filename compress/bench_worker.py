@@ -245,9 +245,12 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
     # the ratio moved by 10% and more between runs on a shared CPU.
     alone = None
     if getattr(pred, "large_source", None) is not None and any(bs > 1 for bs in job.batch_sizes):
+        from compress.formats import CPU_ONLY
+
         fmt, folder = pred.large_source
         ph.begin("load")
-        alone_pred = _load(job.model_copy(update={"format": fmt, "path": str(folder)}))
+        where = "cpu" if fmt in CPU_ONLY else job.device  # where the cascade runs it (formats/cascade.py)
+        alone_pred = _load(job.model_copy(update={"format": fmt, "path": str(folder), "device": where}))
         ph.begin("tokenize")
         alone_enc = task.encode(alone_pred, inputs, job.max_length)
         alone = (alone_pred, alone_enc, np.array([task.size(alone_enc, i) for i in range(n_rows)]))

@@ -153,7 +153,7 @@ def run_benchmarks(
                 "artifact": art.fingerprint, "content": art.content,
                 "job": job.cache_identity(), "eval": data.eval_fingerprint, "machine": machine,
             })
-            cached = None if force else _cached(folder / f"{art.id}.{device}.json", key)
+            cached = None if force else cached_measurement(folder / f"{art.id}.{device}.json", key)
             jobs.append((art, job, key, cached))
         if jobs and all(cached is not None for *_, cached in jobs):
             for art, _, _, cached in jobs:
@@ -168,7 +168,7 @@ def run_benchmarks(
             where = f"variant {k}/{len(jobs)}, round 1/{1 if causal else spec.latency_rounds}, {device}"
             log(f"  {art.id} on {device}: measuring ({where}) ...")
             with heartbeat(f"    {art.id} ({where})", log):
-                r = measured[art.id] = _run_worker(job, folder, art.id, device, spec.threads,
+                r = measured[art.id] = run_worker(job, folder, art.id, device, spec.threads,
                                                    label=f"{art.id} ({where})", log=log)
             timing.add(f"{art.id} on {device}", r)
             if r.ok and r.lm is not None and r.latency_ms is not None and r.size_bytes is not None:
@@ -233,7 +233,7 @@ def _later_rounds(
                 job.pair = PairRef(format=ref_job.format, path=ref_job.path, options=ref_job.options)
             where = f"variant {n}/{len(others)}, round {rnd + 1}/{spec.latency_rounds}, {device}"
             with heartbeat(f"    {art.id} ({where})", log):
-                r = _run_worker(job, folder, art.id, device, spec.threads, label=f"{art.id} ({where})", log=log)
+                r = run_worker(job, folder, art.id, device, spec.threads, label=f"{art.id} ({where})", log=log)
             if timing is not None:
                 timing.add(f"{art.id} on {device}", r, rounds=True)
             if not r.ok:
@@ -275,7 +275,7 @@ def _read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _cached(path: Path, key: str | None) -> Measurement | None:
+def cached_measurement(path: Path, key: str | None) -> Measurement | None:
     """The measurement cached at `path` under `key` (None: whatever key it was measured under,
     for a finished run's own measurements), or None: missing, unreadable, edited (an
     accuracy changed by hand breaks its checksum), measured under another key, failed, or of
@@ -294,7 +294,7 @@ def _cached(path: Path, key: str | None) -> Measurement | None:
     return m
 
 
-def _run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
+def run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
                 label: str = "", log: Callable[[str], None] | None = None) -> Measurement | RoundTimes:
     """Runs compress.bench_worker on `job` in a fresh process; its result (RoundTimes for a
     later round, `latency_only`), or one with ok False and the error.

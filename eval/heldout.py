@@ -33,7 +33,7 @@ def main() -> int:
                     help="also decide on the dev and held-out sentences pooled: what an eval split of both would settle")
     args = ap.parse_args()
 
-    from compress.benchmark import _run_worker, write_eval_file
+    from compress.benchmark import run_worker, write_eval_file
     from compress.data import Data
     from compress.decision import Policy, decide, rescored, stability, stability_note
     from compress.measure import BenchJob, JobOptions, Measurement
@@ -68,7 +68,7 @@ def main() -> int:
                 warmup=bench.warmup, max_latency_examples=1, latency_repeats=1, eval_file=str(eval_file),
                 options=JobOptions(cuda_dtype=bench.cuda_dtype), task=recipe.task,
             )
-            results[r.id] = _run_worker(job, folder, r.id, args.device, bench.threads)
+            results[r.id] = run_worker(job, folder, r.id, args.device, bench.threads)
 
     base_id = report.budget.baseline
     base = results.get(base_id)
@@ -125,13 +125,13 @@ def _pooled(task, data, run_dir: Path, device: str, held: list, policy, bench) -
     """The decision, and its stability, on the dev and held-out sentences together: each
     variant's dev scores (its measurement in the run's bench/ folder) followed by its held-out
     ones, the baseline's likewise, so that the pairing holds over both."""
-    from compress.benchmark import _cached
+    from compress.benchmark import cached_measurement
     from compress.decision import decide, rescored, stability, stability_note
 
     _, dev_targets = task.read_eval(task.eval_rows(data.eval))
     scores = {}  # id -> [N_dev + N_held]
     for h in held:
-        m = _cached(run_dir / "bench" / f"{h.id}.{device}.json", None)  # None: an edited file (broken checksum)
+        m = cached_measurement(run_dir / "bench" / f"{h.id}.{device}.json", None)  # None: an edited file (broken checksum)
         if h.ok and m is not None and h._scores is not None:
             scores[h.id] = np.concatenate([task.example_scores(np.array(m.predictions), dev_targets), h._scores])
     base_scores = scores.get(policy.budget.baseline)

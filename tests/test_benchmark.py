@@ -38,7 +38,7 @@ def test_rounds_rotate_the_order_and_outvote_a_slow_spell(tmp_path, monkeypatch)
         ms = [50.0] * 4 if (vid == "b" and rnd == 2) else [10.0] * 4  # b is caught by a spell once
         return RoundTimes(ok=True, sentence_ms=ms) if job.latency_only else _worker_result(ms)
 
-    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    monkeypatch.setattr(benchmark, "run_worker", fake_worker)
     arts = [SimpleNamespace(id=v, format="hf", path=tmp_path / v, fingerprint=v, content=v) for v in "abc"]
     data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
     spec = BenchmarkSpec(devices=["cpu"], latency_rounds=3)
@@ -65,7 +65,7 @@ def test_a_failed_variant_sits_out_the_later_rounds(tmp_path, monkeypatch):
             return Measurement(ok=False, error="boom")
         return RoundTimes(ok=True, sentence_ms=[5.0]) if job.latency_only else _worker_result([5.0])
 
-    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    monkeypatch.setattr(benchmark, "run_worker", fake_worker)
     arts = [SimpleNamespace(id=v, format="hf", path=tmp_path / v, fingerprint=v, content=v) for v in "ab"]
     data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
     results, _ = benchmark.run_benchmarks(arts, BenchmarkSpec(devices=["cpu"], latency_rounds=2), data, tmp_path,
@@ -87,7 +87,7 @@ def test_later_rounds_pair_every_variant_with_the_reference(tmp_path, monkeypatc
             return _worker_result([own] * 4)
         return RoundTimes(ok=True, sentence_ms=[own] * 4, pair_sentence_ms=[10.0 * slow] * 4)
 
-    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    monkeypatch.setattr(benchmark, "run_worker", fake_worker)
     arts = [SimpleNamespace(id=v, format="hf", path=tmp_path / v, fingerprint=v, content=v) for v in "abc"]
     data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
     spec = BenchmarkSpec(devices=["cpu"], latency_rounds=3)
@@ -121,7 +121,7 @@ def test_the_worker_does_not_import_from_the_working_folder(tmp_path, monkeypatc
     eval_file.write_text('{"text": "a film", "label": 1}\n')
     job = BenchJob(format="hf", path=str(tmp_path / "no_model"), device="cpu", threads=1, batch_sizes=[1],
                    max_length=8, warmup=0, max_latency_examples=1, eval_file=str(eval_file))
-    result = benchmark._run_worker(job, bench, "v", "cpu", 1)
+    result = benchmark.run_worker(job, bench, "v", "cpu", 1)
     assert not (work / "pwned_by_cwd").exists(), "the worker imported numpy.py from the working folder"
     assert result.ok is False and "shadowed" not in result.error
 
@@ -133,7 +133,7 @@ def test_batch_sizes_beyond_the_eval_split_are_measured_as_the_whole_split(tmp_p
         jobs.append(job)
         return _worker_result([10.0] * 4)
 
-    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    monkeypatch.setattr(benchmark, "run_worker", fake_worker)
     arts = [SimpleNamespace(id="a", format="hf", path=tmp_path / "a", fingerprint="a", content="a")]
     data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"] * 96, labels=[1] * 96, pairs=None))
     spec = BenchmarkSpec(devices=["cpu"], latency_rounds=1, batch_sizes=[8, 100000])
@@ -151,7 +151,7 @@ def _one_cached_variant(tmp_path, monkeypatch):
         calls.append(vid)
         return _worker_result([10.0] * 4)
 
-    monkeypatch.setattr(benchmark, "_run_worker", fake_worker)
+    monkeypatch.setattr(benchmark, "run_worker", fake_worker)
     arts = [SimpleNamespace(id="a", format="hf", path=tmp_path / "a", fingerprint="a", content="a")]
     data = SimpleNamespace(eval_fingerprint="f" * 16, eval=SimpleNamespace(texts=["x"], labels=[1], pairs=None))
     spec = BenchmarkSpec(devices=["cpu"], latency_rounds=1)
@@ -228,7 +228,7 @@ def test_an_onnx_worker_runs_without_importing_torch(tiny_classifier, tiny_data,
     eval_file.write_text('{"text": "a fine film", "label": 1}\n{"text": "a dull one", "label": 0}\n')
     spec = dict(device="cpu", threads=1, batch_sizes=[1], max_length=16, warmup=0, max_latency_examples=2,
                 eval_file=str(eval_file))
-    onnx = benchmark._run_worker(BenchJob(format="onnx", path=str(onnx_dir), **spec), bench, "o", "cpu", 1)
+    onnx = benchmark.run_worker(BenchJob(format="onnx", path=str(onnx_dir), **spec), bench, "o", "cpu", 1)
     assert onnx.ok, onnx.error
-    torch_job = benchmark._run_worker(BenchJob(format="hf", path=str(tiny_classifier), **spec), bench, "h", "cpu", 1)
+    torch_job = benchmark.run_worker(BenchJob(format="hf", path=str(tiny_classifier), **spec), bench, "h", "cpu", 1)
     assert torch_job.ok is False and "torch was imported" in torch_job.error

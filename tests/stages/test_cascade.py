@@ -262,6 +262,37 @@ def test_cpu_only_member_loads_on_the_cpu_when_the_cascade_is_asked_for_cuda(cas
     assert pred.small.device == "cpu"
 
 
+def test_a_cpu_only_large_member_is_timed_alone_on_the_cpu(cascade_run, tmp_path, monkeypatch):
+    """On a GPU a cascade runs a CPU-only large member (torch INT8) on the CPU, and the
+    benchmark times that member alone beside it where the cascade runs it."""
+    from compress import bench_worker
+    from compress.formats import cascade as cascade_fmt
+    from compress.measure import BenchJob
+
+    _, run_dir, _ = cascade_run
+    spec = json.loads((run_dir / "cascade" / "cascade.json").read_text())
+    spec["small"], spec["large"] = spec["large"], spec["small"]  # hf in front of torch INT8
+    for m in (spec["small"], spec["large"]):
+        m["path"] = str(run_dir / m["path"])  # absolute: the folder lives outside the run
+    folder = tmp_path / "swapped"
+    folder.mkdir()
+    (folder / "cascade.json").write_text(json.dumps(spec))
+    real_member, real_load, asked = cascade_fmt.load_predictor, bench_worker._load, []
+    # This machine may have no GPU: record where each part is asked for, load it on the CPU.
+    monkeypatch.setattr(cascade_fmt, "load_predictor", lambda fmt, path, device, *a: real_member(fmt, path, "cpu", *a))
+
+    def spy(job):
+        asked.append((job.format, job.device))
+        return real_load(job.model_copy(update={"device": "cpu"}))
+
+    monkeypatch.setattr(bench_worker, "_load", spy)
+    eval_file = next((run_dir / "bench").glob("eval-*.jsonl"))
+    m = bench_worker.measure(BenchJob(format="cascade", path=str(folder), device="cuda", threads=1, batch_sizes=[1, 8],
+                                      max_length=32, warmup=1, eval_file=str(eval_file)))
+    assert asked == [("cascade", "cuda"), ("torch_int8", "cpu")]
+    assert m.ok and [b.batch_size for b in m.large_alone] == [8] and m.large_alone[0].throughput > 0
+
+
 def _context(cascade_run, out: Path, **with_):
     from compress.artifacts import ArtifactStore
     from compress.context import StageContext
