@@ -105,6 +105,22 @@ def main() -> int:
         print(f"{h.id:<18}{d.quality:>9.2f}{(d.delta or 0):>+11.2f}{h.quality if h.ok else float('nan'):>10.2f}"
               f"{delta:>26}{(f'{sp:.2f}x' if sp else '-'):>10}{d.size_mb:>8.1f}  {d.verdict} / {h.verdict}")
     print(f"deployed on dev: {report.decision.selected}; on the held-out sentences: {decision.selected}")
+    # A cascade against its large member on both sets: what its target reads (a share
+    # routed, within so many points of the large member at a fraction of its $/1K).
+    by_id = {h.id: h for h in held}
+    for d in rows:
+        large_id = (d.refs or {}).get("large")
+        if d.routed_share is None or large_id not in by_id or large_id not in dev:
+            continue
+        h, big, m = by_id[d.id], by_id[large_id], results[d.id]
+        if not (h.ok and big.ok):
+            continue
+        routed = f", routing {m.routed_share:.0%} of them" if m.routed_share is not None else ""
+        cost = (f"; its $/1K {d.cost_vs_large:.2f}x the large member's (the run's timing"
+                f"{', paired' if d.cost_vs_large_paired else ''})") if d.cost_vs_large else ""
+        print(f"  {d.id}: {h.quality:.2f} against '{large_id}' {big.quality:.2f} on the held-out sentences "
+              f"({task.delta(h.quality, big.quality):+.2f} {metric.delta_unit}){routed}; "
+              f"{d.quality:.2f} against {dev[large_id].quality:.2f} on dev, routing {d.routed_share:.0%}{cost}")
     # How settled each pick is: the decision replayed on resamples of each eval set.
     resamples = bench.stability_resamples
     held_shares = (stability(held, policy, [args.device], decision.selected, len(targets), resamples=resamples)
