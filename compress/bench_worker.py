@@ -243,17 +243,15 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
     # cascade's (cascade, member, member, cascade): both figures then come from the same
     # minutes of the machine. Taken from their own rows, measured in processes minutes apart,
     # the ratio moved by 10% and more between runs on a shared CPU.
-    alone = None
+    alone_pred = None
     if getattr(pred, "large_source", None) is not None and any(bs > 1 for bs in job.batch_sizes):
-        from compress.formats import CPU_ONLY
-
         fmt, folder = pred.large_source
         ph.begin("load")
-        where = "cpu" if fmt in CPU_ONLY else job.device  # where the cascade runs it (formats/cascade.py)
-        alone_pred = _load(job.model_copy(update={"format": fmt, "path": str(folder), "device": where}))
+        # On the device the cascade runs it on (a CPU-only member stays on the CPU).
+        alone_pred = _load(job.model_copy(update={"format": fmt, "path": str(folder), "device": pred.large.device}))
         ph.begin("tokenize")
         alone_enc = task.encode(alone_pred, inputs, job.max_length)
-        alone = (alone_pred, alone_enc, np.array([task.size(alone_enc, i) for i in range(n_rows)]))
+        alone_lengths = np.array([task.size(alone_enc, i) for i in range(n_rows)])
 
     # Batch 1: latency percentiles over real eval sentences (an evenly spaced selection).
     lat_idx = _latency_selection(n_rows, job)
@@ -288,10 +286,10 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
         else:
             batches = length_sorted_batches(lengths, bs)
             times, outs = timed_pass(batches, f"throughput (batch {bs})")
-            if alone is not None:
-                alone_batches = length_sorted_batches(alone[2], bs)
+            if alone_pred is not None:
+                alone_batches = length_sorted_batches(alone_lengths, bs)
                 phase = f"large member alone (batch {bs})"
-                member = [timed_pass(alone_batches, phase, alone[0], alone[1], warm=w)[0] for w in (True, False)]
+                member = [timed_pass(alone_batches, phase, alone_pred, alone_enc, warm=w)[0] for w in (True, False)]
                 again = timed_pass(batches, f"throughput (batch {bs})", warm=False)[0]
                 times = [(a + b) / 2.0 for a, b in zip(times, again)]  # per batch: the mean of its two passes
                 member_ms = [(a + b) / 2.0 for a, b in zip(*member)]

@@ -110,7 +110,7 @@ def main() -> int:
     by_id = {h.id: h for h in held}
     for d in rows:
         large_id = (d.refs or {}).get("large")
-        if d.routed_share is None or large_id not in by_id or large_id not in dev:
+        if d.routed_share is None or large_id not in by_id:
             continue
         h, big, m = by_id[d.id], by_id[large_id], results[d.id]
         if not (h.ok and big.ok):

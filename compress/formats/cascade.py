@@ -61,12 +61,12 @@ class CascadePredictor(Predictor):
     """Runs `small` on the batch, then `large` on the rows with top probability < threshold."""
 
     def __init__(self, path: Path, small: Predictor, large: Predictor, threshold: float,
-                 max_length: int | None = None):
+                 max_length: int | None = None, large_source: tuple[str, Path] | None = None):
         super().__init__(path)
         self.small, self.large, self.threshold = small, large, float(threshold)
         # (format, folder) of the large member, so that the benchmark can time it alone beside
         # the cascade (bench_worker); None for a cascade built from loaded predictors.
-        self.large_source: tuple[str, Path] | None = None
+        self.large_source = large_source
         self.max_length = max_length  # where the large member's own tokenization cuts
         self.tokenizer = small.tokenizer  # callers tokenize the batch for the small member
         self.device = small.device
@@ -224,6 +224,5 @@ def load(path: Path, device: str, threads: int, options: dict) -> CascadePredict
         # (on a 2-core CPU the cascade's batch-32 throughput was below its large member's alone).
         members.append(load_predictor(m["format"], where, "cpu" if m["format"] in CPU_ONLY else device, threads,
                                       {**options, "spin_wait": False}))
-    pred = CascadePredictor(path, members[0], members[1], spec["threshold"], options.get("max_length"))
-    pred.large_source = (spec["large"]["format"], member_path(spec["large"], path))
-    return pred
+    return CascadePredictor(path, members[0], members[1], spec["threshold"], options.get("max_length"),
+                            large_source=(spec["large"]["format"], member_path(spec["large"], path)))
