@@ -66,6 +66,18 @@ def _phases(job: BenchJob) -> Phases:
     return Phases(job.label, job.progress_seconds)
 
 
+def _pass_figures(batch_size: int, n: int, ms: list[float], **extra) -> BatchFigures:
+    """A timed pass's figures: `n` rows in batches that took `ms` each."""
+    p = percentiles(ms)
+    return BatchFigures(batch_size=batch_size, throughput=n / (sum(ms) / 1000.0), p50_ms=p.p50, p95_ms=p.p95,
+                        p99_ms=p.p99, **extra)
+
+
+def _mean_of_passes(first: list[float], second: list[float]) -> list[float]:
+    """Per batch, the mean of its times in two passes over the same batches."""
+    return [(a + b) / 2.0 for a, b in zip(first, second)]
+
+
 def percentiles(ms: list[float]) -> Percentiles:
     """p50, p95, p99 and mean of latencies in ms, and their count."""
     a = np.asarray(ms)
@@ -291,11 +303,8 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
                 phase = f"large member alone (batch {bs})"
                 member = [timed_pass(alone_batches, phase, alone_pred, alone_enc, warm=w)[0] for w in (True, False)]
                 again = timed_pass(batches, f"throughput (batch {bs})", warm=False)[0]
-                times = [(a + b) / 2.0 for a, b in zip(times, again)]  # per batch: the mean of its two passes
-                member_ms = [(a + b) / 2.0 for a, b in zip(*member)]
-                p = percentiles(member_ms)
-                large_alone.append(BatchFigures(batch_size=bs, throughput=n_rows / (sum(member_ms) / 1000.0),
-                                                p50_ms=p.p50, p95_ms=p.p95, p99_ms=p.p99))
+                times = _mean_of_passes(times, again)
+                large_alone.append(_pass_figures(bs, n_rows, _mean_of_passes(*member)))
             n = n_rows
             real = sum(int(lengths[b].sum()) for b in batches)
             waste = 1.0 - real / sum(int(lengths[b].max()) * len(b) for b in batches)
@@ -304,9 +313,7 @@ def measure(job: BenchJob | dict) -> Measurement | RoundTimes:
                 batch_outputs[b] = o
             task.check(batch_outputs)
             q = task.quality(task.predictions(batch_outputs), targets)
-        p = percentiles(times)
-        entry = BatchFigures(batch_size=bs, throughput=n / (sum(times) / 1000.0), p50_ms=p.p50, p95_ms=p.p95,
-                             p99_ms=p.p99, padding_waste=waste, quality=q)  # q: over the whole eval split
+        entry = _pass_figures(bs, n, times, padding_waste=waste, quality=q)  # q: over the whole eval split
         if routed_share is not None:
             entry.routed_share = routed_share if bs == 1 else pred.routed_share
         batches_out.append(entry)

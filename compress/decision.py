@@ -469,17 +469,16 @@ def compare_members(rows: list[Row], metric: Metric | None = None) -> None:
                        f"{large.quality:.2f} ('{large.id}')")
             costs = (r.usd_per_1k, small.usd_per_1k, large.usd_per_1k)
             if None not in costs:
-                cost = f"$/1K {costs[0]:.5f} against {costs[1]:.5f} and {costs[2]:.5f} "
-                if r.large_alone_usd_per_1k:
-                    # The ratio that the cascade's cost target reads: both sides timed in the
-                    # same minutes, so a slower spell of the machine moves both alike.
-                    r.cost_vs_large, r.cost_vs_large_paired = costs[0] / r.large_alone_usd_per_1k, True
-                    cost += (f"({r.cost_vs_large:.2f}x the large member's timed alone in the cascade's process, "
-                             f"passes alternating; {costs[0] / costs[2]:.2f}x its own row's)")
-                else:
-                    r.cost_vs_large, r.cost_vs_large_paired = costs[0] / costs[2], False
-                    cost += f"({r.cost_vs_large:.2f}x the large member's)"
-                fig.append(cost)
+                # The ratio that the cascade's cost target reads: over its large member timed
+                # in the same minutes where measured, so a slower spell of the machine moves both
+                # alike; else over that member's own row.
+                r.cost_vs_large_paired = bool(r.large_alone_usd_per_1k)
+                r.cost_vs_large = costs[0] / (r.large_alone_usd_per_1k or costs[2])
+                ratio = f"{r.cost_vs_large:.2f}x the large member's"
+                if r.cost_vs_large_paired:
+                    ratio += (f" timed alone in the cascade's process, passes alternating; "
+                              f"{costs[0] / costs[2]:.2f}x its own row's")
+                fig.append(f"$/1K {costs[0]:.5f} against {costs[1]:.5f} and {costs[2]:.5f} ({ratio})")
         r.notes.append("; ".join(fig))
 
 
