@@ -1,3 +1,3 @@
-from compress.cli import main
+from compress.cli.main import main
 
 main()

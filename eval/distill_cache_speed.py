@@ -30,14 +30,14 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from compress.context import StageContext
-    from compress.data import Data
-    from compress.distillation import copy_layers, distill_loss
+    from compress.data.context import StageContext
+    from compress.tasks.classification.data import Data
+    from compress.techniques.distillation import copy_layers, distill_loss
     from compress.formats.hf import load_model
-    from compress.predict import encode, predict_logits
-    from compress.recipe import DataSpec
+    from compress.techniques.predict import encode, predict_logits
+    from compress.recipe.schema import DataSpec
     from compress.stages.distill import Config
-    from compress.train import train
+    from compress.techniques.train import train
     from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)

@@ -33,13 +33,13 @@ def main() -> int:
                     help="also decide on the dev and held-out sentences pooled: what an eval split of both would settle")
     args = ap.parse_args()
 
-    from compress.benchmark import run_worker, write_eval_file
-    from compress.data import Data
-    from compress.decision import Policy, decide, rescored, stability, stability_note
-    from compress.measure import BenchJob, JobOptions, Measurement
-    from compress.recipe import BenchmarkSpec, BudgetSpec, load_recipe
-    from compress.report_json import read_report
-    from compress.tasks import get_task
+    from compress.bench.benchmark import run_worker, write_eval_file
+    from compress.tasks.classification.data import Data
+    from compress.decision.decide import Policy, decide, rescored, stability, stability_note
+    from compress.bench.measure import BenchJob, JobOptions, Measurement
+    from compress.recipe.schema import BenchmarkSpec, BudgetSpec, load_recipe
+    from compress.reports.report_json import read_report
+    from compress.core.task import get_task
 
     recipe = load_recipe(args.recipe, args.overrides)
     task = get_task(recipe.task)
@@ -141,8 +141,8 @@ def _pooled(task, data, run_dir: Path, device: str, held: list, policy, bench) -
     """The decision, and its stability, on the dev and held-out sentences together: each
     variant's dev scores (its measurement in the run's bench/ folder) followed by its held-out
     ones, the baseline's likewise, so that the pairing holds over both."""
-    from compress.benchmark import cached_measurement
-    from compress.decision import decide, rescored, stability, stability_note
+    from compress.bench.benchmark import cached_measurement
+    from compress.decision.decide import decide, rescored, stability, stability_note
 
     _, dev_targets = task.read_eval(task.eval_rows(data.eval))
     scores = {}  # id -> [N_dev + N_held]

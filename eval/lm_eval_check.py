@@ -3,7 +3,7 @@ lm-evaluation-harness's own scoring of the same questions with the same model.
 
 lm-evaluation-harness must be importable (it is not a dependency of compress: install it in
 a separate environment that also sees compress). Its task loader fetches datasets from the
-Hugging Face hub, so the questions are read here with compress.lm_data and handed to its
+Hugging Face hub, so the questions are read here with compress.tasks.causal_lm.data and handed to its
 HFLM.loglikelihood as the (context, continuation) requests its arc_easy and piqa tasks
 build (doc_to_text "Question: ...\\nAnswer:", target delimiter " "), and acc / acc_norm are
 computed from its log-likelihoods as its Task.process_results does.
@@ -57,9 +57,9 @@ def main() -> None:
     import torch
 
     from compress.formats.causal import load_hf
-    from compress.lm_data import load_lm_evals
-    from compress.lm_records import LMSpec
-    from compress.tasks.causal_lm import MC_DELIMITER, encode_pair, loglikelihoods
+    from compress.tasks.causal_lm.data import load_lm_evals
+    from compress.tasks.causal_lm.records import LMSpec
+    from compress.tasks.causal_lm.task import MC_DELIMITER, encode_pair, loglikelihoods
 
     torch.set_num_threads(args.threads)
     spec = LMSpec.model_validate({

@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     ap.add_argument("--text", type=Path, default=WIKITEXT)
     args = ap.parse_args(argv)
 
-    from compress import lm_export
+    from compress.tasks.causal_lm import export as lm_export
 
     with tempfile.TemporaryDirectory(prefix="peer_llm-") as tmp:
         peer_dir = args.peer or Path(tmp) / "peer"

@@ -51,7 +51,7 @@ def main() -> int:
     import torch
     from optimum.onnxruntime import AutoQuantizationConfig, ORTModelForSequenceClassification, ORTQuantizer
 
-    from compress.decision import paired_bootstrap
+    from compress.decision.decide import paired_bootstrap
     from compress.formats import load_predictor
     from compress.stages.quantize_onnx import cpu_preset
 
@@ -121,7 +121,7 @@ def _measure(calls, texts, labels, max_length, n_latency, warmup) -> list[dict]:
     Tokenization is done beforehand and not timed, as in the benchmark."""
     import numpy as np
 
-    from compress.bench_worker import PAIR_BLOCK
+    from compress.bench.worker import PAIR_BLOCK
 
     def batch(tok, i):
         enc = tok([texts[i]], truncation=True, max_length=max_length, return_tensors="np")

@@ -131,7 +131,7 @@ def tiny_recipe(model: Path, data: Path, **over) -> dict:
 @pytest.fixture
 def cli(monkeypatch, capsys):
     """cli(*args) -> (exit code, stdout, stderr), running `compress` in-process."""
-    from compress import cli as cli_mod
+    from compress.cli import main as cli_mod
 
     def _run(*args: str):
         monkeypatch.setattr(sys, "argv", ["compress", *map(str, args)])
@@ -166,12 +166,12 @@ def run_stage(model: Path, data: Path, out: Path, uses: str, settings: dict, *, 
     Writes into `out` (created empty); the run cache goes to `cache_root` (default out/../cache)."""
     import shutil
 
-    from compress.artifacts import Artifact
-    from compress.context import StageContext
-    from compress.data import Data
-    from compress.recipe import validate_recipe
-    from compress.registry import get_stage
-    from compress.sources import resolve_model
+    from compress.data.artifacts import Artifact
+    from compress.data.context import StageContext
+    from compress.tasks.classification.data import Data
+    from compress.recipe.schema import validate_recipe
+    from compress.core.registry import get_stage
+    from compress.data.sources import resolve_model
 
     raw = tiny_recipe(model, data)
     raw["data"]["max_train_examples"] = max_train_examples

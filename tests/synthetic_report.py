@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compress.decision import Policy, build_rows, decide
-from compress.measure import Measurement
+from compress.decision.decide import Policy, build_rows, decide
+from compress.bench.measure import Measurement
 
 
 def batches(p50: float, p95: float, throughput: float, sizes=(1, 8, 32)) -> list[dict]:
@@ -67,7 +67,7 @@ def make_report(results: dict[str, dict], labels: np.ndarray, recipe: Policy | N
                 cpu_model: str = "Test CPU", name: str = "synthetic", meta: list[dict] | None = None) -> dict:
     """report.json's object (schema 1: no task block) from {variant id: measurement} on the cpu;
     `meta`: the variants' records (default: `variants(*results)`)."""
-    from compress.report import Report
+    from compress.reports.render import Report
 
     recipe = recipe or recipe_dict()
     res = typed({(vid, "cpu"): copy.deepcopy(r) for vid, r in results.items()})
@@ -86,7 +86,7 @@ def make_report(results: dict[str, dict], labels: np.ndarray, recipe: Policy | N
 
 def write_run(folder: Path, report: dict, results: dict[str, dict], labels: np.ndarray) -> Path:
     """A run folder as the runner leaves it: reports plus the benchmark measurements and eval file."""
-    from compress.report import write_reports
+    from compress.reports.render import write_reports
 
     folder.mkdir(parents=True, exist_ok=True)
     bench = folder / "bench"

@@ -179,9 +179,9 @@ def test_absurdly_long_texts_are_truncated_not_rejected(tmp_path, tiny_checkpoin
     max_length (training, calibration and the benchmark alike)."""
     from transformers import AutoTokenizer
 
-    from compress.data import Data
-    from compress.recipe import DataSpec
-    from compress.predict import encode
+    from compress.tasks.classification.data import Data
+    from compress.recipe.schema import DataSpec
+    from compress.techniques.predict import encode
 
     rows = [("good " * 200_000, 1), ("bad", 0)] * 4
     (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
@@ -216,7 +216,7 @@ def test_a_stage_output_with_nan_weights_is_not_committed(cli, tmp_path, monkeyp
     and leaves nothing a later run would reuse."""
     import dataclasses
 
-    from compress import runner
+    from compress.run import runner
 
     real = runner.get_stage
 
@@ -248,7 +248,7 @@ def test_a_stage_output_with_nan_weights_is_not_committed(cli, tmp_path, monkeyp
 
 
 def test_report_json_never_holds_nan_or_infinity(tmp_path):
-    from compress.report import write_reports
+    from compress.reports.render import write_reports
     from tests.synthetic_report import make_report, measurement
 
     labels = np.array([0, 1] * 50)
@@ -356,7 +356,7 @@ def test_an_artifacts_folder_inside_the_model_folder_is_not_part_of_the_model(tm
     """A run folder inside the model folder changes neither the model's fingerprint (stages
     would never be reused) nor its size (it would count the run's own outputs)."""
     from compress.formats import load_predictor
-    from compress.sources import WEIGHT_SUFFIXES, fingerprint_files
+    from compress.data.sources import WEIGHT_SUFFIXES, fingerprint_files
 
     model = tmp_path / "model"
     shutil.copytree(tiny_classifier, model)
@@ -379,7 +379,7 @@ def test_report_writers_escape_hostile_text(tmp_path):
     import html.parser
     import xml.etree.ElementTree as ET
 
-    from compress.report import write_reports
+    from compress.reports.render import write_reports
     from tests.synthetic_report import make_report, measurement
 
     hostile = "<img src=x onerror=alert(1)> & <script>x</script> | ] \x00\x07\x1b[31m \u202e \ud800 end"
@@ -417,7 +417,7 @@ def test_a_symlink_loop_is_not_reported_as_a_missing_file(cli, tmp_path, monkeyp
 
 
 def test_cuda_as_the_only_device_is_refused_at_validation_without_a_gpu(cli, tmp_path, monkeypatch, tiny_checkpoint, tiny_data):
-    from compress.recipe import gpu_present
+    from compress.recipe.schema import gpu_present
 
     recipe = _recipe_file(tmp_path, tiny_checkpoint, tiny_data)
     monkeypatch.chdir(tmp_path)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from compress.recipe import validate_recipe
-from compress.runner import run_recipe
+from compress.recipe.schema import validate_recipe
+from compress.run.runner import run_recipe
 from tests.conftest import synthetic_rows, tiny_recipe
 
 NAMES = {0: "negative", 1: "positive"}
@@ -96,19 +96,19 @@ def test_a_length_beyond_the_positions_found_at_run_time_exits_2(cli, write_reci
                                                                 tmp_path, monkeypatch):
     """26.10: where validation cannot read the model's config (a hub model not yet
     downloaded), the run checks it before any stage: exit 2, one line naming the key."""
-    import compress.peek
+    import compress.recipe.peek
 
     raw = tiny_recipe(tiny_checkpoint, tiny_data)
     raw["stages"][0]["with"]["max_length"] = 200  # tiny BERT: 128 positions
     path = write_recipe(raw)
-    real = compress.peek.peek_model_format
-    monkeypatch.setattr(compress.peek, "peek_model_format", lambda *a: None)  # "not at hand"
+    real = compress.recipe.peek.peek_model_format
+    monkeypatch.setattr(compress.recipe.peek, "peek_model_format", lambda *a: None)  # "not at hand"
     assert cli("validate", path)[0] == 0
     code, _, err = cli("run", path, "--artifacts", tmp_path / "art")
     assert code == 2, err
     assert "stages[0].with.max_length: 200 tokens is more than the model takes (128" in err
     assert not (tmp_path / "art" / "tiny" / "baseline").exists()
-    monkeypatch.setattr(compress.peek, "peek_model_format", real)
+    monkeypatch.setattr(compress.recipe.peek, "peek_model_format", real)
     assert cli("validate", path)[0] == 2  # at hand: validation says it first
 
 
@@ -118,7 +118,7 @@ def test_a_tokenizer_trim_vocab_cannot_take_is_refused_before_the_baseline_train
     downloaded), the run reads it before any stage, not after the baseline has trained."""
     import shutil
 
-    import compress.peek
+    import compress.recipe.peek
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     model = tmp_path / "wordlevel"
@@ -130,7 +130,7 @@ def test_a_tokenizer_trim_vocab_cannot_take_is_refused_before_the_baseline_train
     raw = tiny_recipe(model, tiny_data)
     raw["stages"][1] = {"id": "trimmed", "uses": "trim_vocab", "from": "baseline"}
     path = write_recipe(raw)
-    monkeypatch.setattr(compress.peek, "peek_tokenizer", lambda *a: None)  # "not at hand"
+    monkeypatch.setattr(compress.recipe.peek, "peek_tokenizer", lambda *a: None)  # "not at hand"
     assert cli("validate", path)[0] == 0
     code, _, err = cli("run", path, "--artifacts", tmp_path / "art")
     assert code == 2 and "stages[1].uses: trim_vocab trims WordPiece, BPE, Unigram tokenizers, not this model's " \

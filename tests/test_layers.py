@@ -1,11 +1,15 @@
 """compress/ reads bottom-up: a module imports only its own layer or lower ones, and no
 modules import each other in a circle.
 
+The layers are the folders of compress/, in the order compress.LAYERS gives; a task folder
+(compress/tasks/<task>/) is a column through them, each module in the layer its file name
+maps to in compress.tasks.COLUMN. So a new module is placed by the folder it is put in.
+
 The import graph is read from the source with `ast`, so every import counts: at module
 level, inside functions (the lazy imports that keep `compress --help` fast) and under
 TYPE_CHECKING. Relative imports are resolved. Catalogues that name modules as strings
-(compress.registry.CATALOGUE, compress.formats.LOADERS) are data, imported on first use,
-and are not edges. A new module must be placed in LAYERS (or under a package prefix there).
+(compress.core.registry.CATALOGUE, compress.formats.LOADERS, compress.core.task.TASKS) are
+data, imported on first use, and are not edges.
 """
 
 from __future__ import annotations
@@ -13,43 +17,49 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "compress"
+from compress import LAYERS
+from compress.tasks import COLUMN
 
-# Bottom -> top. A module may import only modules of its own layer or lower ones.
-LAYERS: dict[int, tuple[str, ...]] = {
-    # base: types, errors, output, the stage and task catalogues as data
-    0: ("compress", "compress.errors", "compress.console", "compress.manifest", "compress.architectures",
-        "compress.registry", "compress.tasks", "compress.stats"),
-    # schema: the recipe, and facts read from a model's files without loading it
-    1: ("compress.recipe", "compress.peek", "compress.lm_records", "compress.gguf"),
-    # sources and data
-    2: ("compress.sources", "compress.data", "compress.artifacts", "compress.context", "compress.lm_data"),
-    # techniques and formats
-    3: ("compress.formats", "compress.formats.*", "compress.classify", "compress.train", "compress.distillation", "compress.parity",
-        "compress.predict", "compress.augment", "compress.tasks.*", "compress.lm_export", "compress.lm_bench", "compress.memory_plan"),
-    # stages
-    4: ("compress.stages", "compress.stages.*"),
-    # benchmark
-    5: ("compress.measure", "compress.benchmark", "compress.bench_worker", "compress.distributed"),
-    # decision
-    6: ("compress.decision",),
-    # reports
-    7: ("compress.report_json", "compress.report", "compress.html_report", "compress.junit", "compress.model_card", "compress.compare"),
-    # runner
-    8: ("compress.plan", "compress.evaluate", "compress.runner", "compress.init"),
-    # command line
-    9: ("compress.cli", "compress.__main__"),
-}
+ROOT = Path(__file__).resolve().parents[1] / "compress"
+TOP = len(LAYERS) - 1
+
 
 def layer_of(module: str) -> int | None:
-    """The module's layer by LAYERS: an exact name first, then the nearest package prefix
-    (`compress.stages.*`); None for a module the table does not place."""
-    exact = {name: layer for layer, names in LAYERS.items() for name in names if not name.endswith(".*")}
-    if module in exact:
-        return exact[module]
-    prefixes = {name[:-1]: layer for layer, names in LAYERS.items() for name in names if name.endswith(".*")}
-    best = max((p for p in prefixes if module.startswith(p)), key=len, default=None)
-    return prefixes[best] if best is not None else None
+    """The module's layer, read from where its file sits: the package itself (which imports
+    nothing) is the bottom, `compress.__main__` the top, `compress.<layer>.*` its folder's
+    place in LAYERS, `compress.tasks.<task>.<name>` the layer COLUMN names for <name>; None
+    for a module in no layer folder."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return 0
+    if parts == ["__main__"]:
+        return TOP
+    if parts[0] == "tasks":
+        if len(parts) <= 2:  # compress.tasks and compress.tasks.<task>: packages that import nothing
+            return 0
+        where = COLUMN.get(parts[2])
+        return LAYERS.index(where) if where in LAYERS else None
+    return LAYERS.index(parts[0]) if parts[0] in LAYERS else None
+
+
+def folder_problems(root: Path = ROOT) -> list[str]:
+    """One line per folder or top-level module that the layer order does not account for."""
+    out = []
+    folders = {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    for name in sorted(folders - set(LAYERS) - {"tasks"}):
+        out.append(f"compress/{name}/: not a layer; add it to compress.LAYERS in its place")
+    for name in LAYERS:
+        if name not in folders:
+            out.append(f"compress.LAYERS names {name!r}, but compress/{name}/ is no package")
+    for path in sorted(root.glob("*.py")):
+        if path.name not in ("__init__.py", "__main__.py"):
+            out.append(f"compress/{path.name}: a module outside the layer folders; move it into one")
+    for task in sorted(p for p in (root / "tasks").iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        for path in sorted(task.glob("*.py")):
+            if path.stem != "__init__" and path.stem not in COLUMN:
+                out.append(f"compress/tasks/{task.name}/{path.name}: its name maps to no layer; "
+                           "name it after one in compress.tasks.COLUMN or add it there")
+    return out
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -160,7 +170,7 @@ def problems(graph: dict[str, set[str]], allowed: set[tuple[str, str]] = frozens
     out = []
     for module in sorted(graph):
         if layer_of(module) is None:
-            out.append(f"{module}: no layer; place it in LAYERS (tests/test_layers.py)")
+            out.append(f"{module}: no layer; move it into a layer folder (compress.LAYERS)")
     checked = {m: {d for d in deps if (m, d) not in allowed} for m, deps in graph.items()}
     for module in sorted(checked):
         mine = layer_of(module)
@@ -181,54 +191,91 @@ def test_compress_reads_bottom_up_without_circles():
     assert not found, "\n".join(found)
 
 
+def test_every_folder_is_a_layer_and_every_module_in_one():
+    found = folder_problems()
+    assert not found, "\n".join(found)
+
+
+def test_a_stray_folder_and_module_are_found(tmp_path):
+    root = tmp_path / "compress"
+    for name in (*LAYERS, "tasks", "tasks/thing", "helpers"):
+        (root / name).mkdir(parents=True)
+        (root / name / "__init__.py").write_text("")
+    (root / "loose.py").write_text("")
+    (root / "tasks" / "thing" / "records.py").write_text("")
+    (root / "tasks" / "thing" / "misc.py").write_text("")
+    found = folder_problems(root)
+    assert found == [
+        "compress/helpers/: not a layer; add it to compress.LAYERS in its place",
+        "compress/loose.py: a module outside the layer folders; move it into one",
+        "compress/tasks/thing/misc.py: its name maps to no layer; name it after one in compress.tasks.COLUMN or add it there",
+    ]
+
+
+def test_layers_are_read_from_folders():
+    assert layer_of("compress") == 0
+    assert layer_of("compress.core.errors") == LAYERS.index("core")
+    assert layer_of("compress.stages.distill") == LAYERS.index("stages")
+    assert layer_of("compress.tasks.causal_lm.records") == LAYERS.index("recipe")
+    assert layer_of("compress.tasks.classification.data") == LAYERS.index("data")
+    assert layer_of("compress.tasks.causal_lm.task") == LAYERS.index("techniques")
+    assert layer_of("compress.__main__") == TOP
+    assert layer_of("compress.somewhere_new") is None
+    assert layer_of("compress.tasks.causal_lm.misc") is None
+
+
 def test_the_check_finds_an_upward_edge_a_circle_and_an_unplaced_module():
+    core, stages, recipe = LAYERS.index("core"), LAYERS.index("stages"), LAYERS.index("recipe")
     graph = {
-        "compress.registry": {"compress.stages.distill"},  # 0 -> 4
-        "compress.stages.distill": {"compress.registry"},
-        "compress.recipe": {"compress.peek"},
-        "compress.peek": {"compress.recipe"},  # a circle inside layer 1
+        "compress.core.registry": {"compress.stages.distill"},  # core -> stages
+        "compress.stages.distill": {"compress.core.registry"},
+        "compress.recipe.schema": {"compress.recipe.peek"},
+        "compress.recipe.peek": {"compress.recipe.schema"},  # a circle inside one layer
         "compress.somewhere_new": set(),
     }
     found = problems(graph)
-    assert "compress.registry (layer 0) imports compress.stages.distill (layer 4), a higher layer" in found
-    assert "import circle: compress.peek -> compress.recipe -> compress.peek" in found
-    assert "compress.somewhere_new: no layer; place it in LAYERS (tests/test_layers.py)" in found
+    assert (f"compress.core.registry (layer {core}) imports compress.stages.distill (layer {stages}), "
+            "a higher layer") in found
+    assert "import circle: compress.recipe.peek -> compress.recipe.schema -> compress.recipe.peek" in found
+    assert "compress.somewhere_new: no layer; move it into a layer folder (compress.LAYERS)" in found
+    assert recipe > core
     # Allowed edges are passed over: only the unplaced module is left.
-    allowed = {("compress.registry", "compress.stages.distill"), ("compress.peek", "compress.recipe")}
-    assert problems(graph, allowed) == ["compress.somewhere_new: no layer; place it in LAYERS (tests/test_layers.py)"]
+    allowed = {("compress.core.registry", "compress.stages.distill"), ("compress.recipe.peek", "compress.recipe.schema")}
+    assert problems(graph, allowed) == ["compress.somewhere_new: no layer; move it into a layer folder (compress.LAYERS)"]
 
 
 def test_every_kind_of_import_is_an_edge(tmp_path):
     pkg = tmp_path / "compress"
-    (pkg / "formats").mkdir(parents=True)
+    for sub in ("core", "recipe", "formats"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "errors.py").write_text("")
-    (pkg / "peek.py").write_text("")
-    (pkg / "recipe.py").write_text("")
+    (pkg / "core" / "errors.py").write_text("")
+    (pkg / "recipe" / "peek.py").write_text("")
+    (pkg / "recipe" / "schema.py").write_text("")
     (pkg / "formats" / "__init__.py").write_text("from . import hf\n")
     (pkg / "formats" / "hf.py").write_text(
         "from typing import TYPE_CHECKING\n"
-        "from .. import errors\n"
-        "if TYPE_CHECKING:\n    from compress.recipe import X\n"
-        "def f():\n    import compress.peek.something\n"
+        "from ..core import errors\n"
+        "if TYPE_CHECKING:\n    from compress.recipe.schema import X\n"
+        "def f():\n    import compress.recipe.peek.something\n"
     )
     graph = import_graph(pkg)
-    assert graph["compress.formats.hf"] == {"compress.errors", "compress.recipe", "compress.peek"}
+    assert graph["compress.formats.hf"] == {"compress.core.errors", "compress.recipe.schema", "compress.recipe.peek"}
     assert graph["compress.formats"] == {"compress.formats.hf"}
 
 
-def test_stage_modules_in_the_catalogue_sit_in_the_stage_layer():
-    from compress.formats import LOADERS
-    from compress.registry import CATALOGUE
+def test_catalogued_modules_sit_in_their_layers():
+    from compress.core.registry import CATALOGUE
+    from compress.core.task import TASKS
+    from compress.formats import CAUSAL_LOADERS, LOADERS
 
     mods = modules()
     for path in CATALOGUE.values():
-        assert path in mods and layer_of(path) == 4, path
-    for target in LOADERS.values():
+        assert path in mods and layer_of(path) == LAYERS.index("stages"), path
+    for target in [*LOADERS.values(), *CAUSAL_LOADERS.values()]:
         path = target.split(":")[0]
-        assert path in mods and layer_of(path) == 3, path
-    from compress.tasks import TASKS
-
-    for target in TASKS.values():  # task implementations are techniques: layer 3
+        assert path in mods and layer_of(path) == LAYERS.index("formats"), path
+    for target in TASKS.values():  # a task's Task object is a technique
         path = target.split(":")[0]
-        assert path in mods and layer_of(path) == 3, path
+        assert path in mods and layer_of(path) == LAYERS.index("techniques"), path

@@ -9,9 +9,22 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import numpy as np
+
+# The tokenizer outputs an encoder classifier takes, each [B, T] once padded (a model
+# without segments, such as DistilBERT, has no token_type_ids).
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def model_inputs(features: Mapping[str, Any], names: Iterable[str] | None = None) -> dict[str, Any]:
+    """The model inputs among `features` (a tokenizer's output, an example, a padded batch
+    that also holds labels and row numbers), in their order. `names`: only those (the inputs
+    an ONNX graph declares); None: every model input there is."""
+    keep = MODEL_INPUTS if names is None else tuple(k for k in MODEL_INPUTS if k in names)
+    return {k: v for k, v in features.items() if k in keep}
+
 
 # format -> "module:function"; the function is load(path, device, threads, options) -> Predictor
 LOADERS: dict[str, str] = {
@@ -82,7 +95,7 @@ class Predictor:
         raise NotImplementedError
 
     def model_files(self) -> list[Path]:
-        from compress.sources import model_files
+        from compress.data.sources import model_files
 
         return [p for p in model_files(self.path) if p.name not in NON_MODEL_FILES and not p.name.startswith(".")]
 

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compress.formats import CPU_ONLY, Predictor, load_predictor
-from compress.predict import model_inputs
+from compress.formats import CPU_ONLY, Predictor, load_predictor, model_inputs
 
 SPEC_FILE = "cascade.json"
 TEXT_KEYS = ("text", "text_pair")  # raw inputs [B] in a batch, beside the token arrays

@@ -1,4 +1,4 @@
-"""Causal LMs exported to ONNX (compress.lm_export), run with a raw onnxruntime session.
+"""Causal LMs exported to ONNX (compress.tasks.causal_lm.export), run with a raw onnxruntime session.
 
 Why a loop by hand rather than Optimum's ORTModelForCausalLM: its forward converts every
 KV tensor to and from torch on every step, builds position ids and masks in torch, and
@@ -8,7 +8,7 @@ KV cache stays in onnxruntime as OrtValues bound with IOBinding (present.* of on
 bound as past_key_values.* of the next, no copy), and only the [B, V] logits cross to
 numpy. eval/peer_llm.py measures the difference.
 
-Graph (see compress.lm_export): input_ids [B, T], attention_mask [B, P+T], position_ids
+Graph (see compress.tasks.causal_lm.export): input_ids [B, T], attention_mask [B, P+T], position_ids
 [B, T] (absent in some families), past_key_values.{i}.key/.value [B, H_kv, P, D] ->
 logits [B, T, V], present.{i}.key/.value [B, H_kv, P+T, D].
 """

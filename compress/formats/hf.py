@@ -68,7 +68,7 @@ def load_model(path: Path, trust_remote_code: bool = False):
         path, use_safetensors=True, trust_remote_code=trust_remote_code, output_loading_info=True)
     problems = {k: v for k, v in info.items() if k in ("missing_keys", "mismatched_keys") and v}
     if problems:  # transformers would have initialised those at random, with a muted warning
-        from compress.errors import ArtifactError
+        from compress.core.errors import ArtifactError
 
         kind, keys = next(iter(problems.items()))
         raise ArtifactError(f"{path}: {kind.replace('_', ' ')} in the weights ({', '.join(map(str, keys[:3]))}); "
@@ -80,7 +80,7 @@ def only_head_initialised(model, info: dict, path: Path):
     """Checks the loading info of a model loaded for training with a new head: only the
     classification head may be missing or of another shape (a label count of its own); any
     other tensor transformers initialised at random is an error naming the folder."""
-    from compress.errors import ModelSourceError
+    from compress.core.errors import ModelSourceError
 
     head = ("classifier.", "score.", "pre_classifier.", "pooler.", "bert.pooler.", "roberta.pooler.")
     keys = list(info.get("missing_keys") or []) + [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys") or []]

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compress.formats import Predictor
-from compress.predict import model_inputs
+from compress.formats import Predictor, model_inputs
 
 MODEL_FILE = "model.onnx"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeFloat, PositiveInt, model_validator
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.core.registry import StageConfig, StageKind, StageResult
 
 MEMBER_FORMATS = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit")
 
@@ -142,7 +142,7 @@ def at_threshold(t: float, conf, small_c, large_c) -> dict:
 
 
 def _member(art) -> dict:
-    from compress.recipe import MODEL_ID
+    from compress.recipe.schema import MODEL_ID
 
     # Stage outputs live in the run folder under their id: stored relative to it, so the
     # run folder stays valid when moved. The recipe's model lives elsewhere: absolute.
@@ -153,10 +153,10 @@ def _member(art) -> dict:
 def run(ctx) -> Result:
     import json
 
-    from compress.errors import StageError
+    from compress.core.errors import StageError
     from compress.formats import load_predictor
     from compress.formats.cascade import SPEC_FILE, top_probability
-    from compress.predict import predictor_logits
+    from compress.techniques.predict import predictor_logits
 
     cfg: Config = ctx.config
     small_art, large_art = ctx.input, ctx.refs["large"]

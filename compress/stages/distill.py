@@ -1,6 +1,6 @@
 """`distill`: task knowledge distillation into a smaller student, in the manner of
 DistilBERT (Sanh et al. 2019); the loss, the cached teacher logits and the copying of
-teacher layers are compress/distillation.py (shared with prune's and trim_vocab's recovery).
+teacher layers are compress/techniques/distillation.py (shared with prune's and trim_vocab's recovery).
 
 The teacher is the stage's `from` input (a fine-tuned classifier). The student is, by
 default, the teacher's architecture with fewer layers, initialised from the teacher's own
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, field_validator, model_validator
 
-from compress.architectures import get as get_arch
-from compress.distillation import DistillSettings
-from compress.registry import ModelSource, StageKind, StageResult
+from compress.core.architectures import get as get_arch
+from compress.techniques.distillation import DistillSettings
+from compress.core.registry import ModelSource, StageKind, StageResult
 
 
 class Config(DistillSettings):
@@ -94,10 +94,10 @@ def run(ctx) -> Result:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from compress.distillation import copy_layers, default_layers, distill_from, not_smaller_reason, teacher_precision
-    from compress.errors import StageError
+    from compress.techniques.distillation import copy_layers, default_layers, distill_from, not_smaller_reason, teacher_precision
+    from compress.core.errors import StageError
     from compress.formats import hf
-    from compress.train import set_seed
+    from compress.techniques.train import set_seed
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
@@ -116,8 +116,8 @@ def run(ctx) -> Result:
         pairs = list(enumerate(layers))
         origin: list[int] | str = layers
     else:
-        from compress.recipe import ModelSpec
-        from compress.sources import check_model_folder, resolve_model
+        from compress.recipe.schema import ModelSpec
+        from compress.data.sources import check_model_folder, resolve_model
 
         source = resolve_model(ModelSpec(source=cfg.student, revision=cfg.student_revision), ctx.recipe.base_dir)
         # The same checks as the recipe's model: no custom code unless the recipe allows it,

@@ -2,7 +2,7 @@
 builder (onnxruntime_genai.models.builder): fused attention (GroupQueryAttention) and a
 KV cache it manages itself, fp32 or INT4 (MatMulNBits; with `embeddings` the token table too).
 INT4 `rtn` is the builder's own; INT4 `minmax` quantizes the builder's fp32 graph with
-compress.lm_export (float zero points folded out of the kernel, lm_head at `lm_head_bits`).
+compress.tasks.causal_lm.export (float zero points folded out of the kernel, lm_head at `lm_head_bits`).
 
 The builder's own tokenizer files are replaced by the model's Hugging Face tokenizer (see
 compress.formats.genai for why), and the transformers config.json is copied beside it.
@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.core.registry import StageConfig, StageKind, StageResult
 
 
 class Config(StageConfig):
@@ -27,7 +27,7 @@ class Config(StageConfig):
         "fp32 graph, token table kept in fp32.")
     algorithm: Literal["rtn", "minmax"] = Field(
         "rtn", description="INT4 only: `rtn` the builder's own round-to-nearest; `minmax` the builder's fp32 model "
-        "quantized by compress.lm_export (each block's range, float zero point: exact on a GGUF Q4_1 grid).")
+        "quantized by compress.tasks.causal_lm.export (each block's range, float zero point: exact on a GGUF Q4_1 grid).")
     lm_head_bits: Literal[4, 8] = Field(4, description="INT4 `minmax` only: width of the output projection.")
     block_size: Literal[16, 32, 64, 128, 256] = Field(32, description="INT4 only: weights per quantization block.")
     accuracy_level: Literal[1, 2, 3, 4] = Field(4, description="INT4 only: MatMulNBits compute type; 4 quantizes "
@@ -78,8 +78,8 @@ def run(ctx) -> Result:
     import subprocess
     import sys
 
-    from compress import lm_export
-    from compress.errors import StageError
+    from compress.tasks.causal_lm import export as lm_export
+    from compress.core.errors import StageError
     from compress.formats import causal, genai
     from compress.stages.export_onnx_lm import prompts
 

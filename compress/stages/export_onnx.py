@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.core.registry import StageConfig, StageKind, StageResult
 
 
 class Config(StageConfig):
@@ -46,7 +46,7 @@ def run(ctx) -> Result:
     from optimum.exporters.onnx import onnx_export_from_model
     from transformers import AutoTokenizer
 
-    from compress import parity as parity_check
+    from compress.techniques import parity as parity_check
     from compress.formats import hf, onnx as onnx_fmt
 
     cfg: Config = ctx.config

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.core.registry import StageConfig, StageKind, StageResult
 
 
 class Config(StageConfig):
@@ -44,8 +44,8 @@ class Result(StageResult):
 
 def prompts(ctx, source: str, n: int, tokenizer) -> list[list[int]]:
     """Token ids of `n` parity prompts from `source` (see Config.prompt_source)."""
-    from compress import lm_export
-    from compress.errors import StageError
+    from compress.tasks.causal_lm import export as lm_export
+    from compress.core.errors import StageError
 
     if source == "tokenizer":
         return lm_export.tokenizer_prompts(tokenizer, n)
@@ -63,8 +63,8 @@ def run(ctx) -> Result:
 
     import torch
 
-    from compress import lm_export
-    from compress.errors import StageError
+    from compress.tasks.causal_lm import export as lm_export
+    from compress.core.errors import StageError
     from compress.formats import causal, causal_onnx
 
     cfg: Config = ctx.config

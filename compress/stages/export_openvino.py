@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
-from compress.registry import StageConfig, StageKind, StageResult, refuse_after
+from compress.core.registry import StageConfig, StageKind, StageResult, refuse_after
 
 
 class Config(StageConfig):
@@ -50,9 +50,9 @@ def run(ctx) -> Result:
     import openvino as ov
     from transformers import AutoTokenizer
 
-    from compress import parity as parity_check
-    from compress.artifacts import copy_side_files
-    from compress.errors import StageError
+    from compress.techniques import parity as parity_check
+    from compress.data.artifacts import copy_side_files
+    from compress.core.errors import StageError
     from compress.formats import hf, onnx as onnx_fmt, openvino as ov_fmt
 
     cfg: Config = ctx.config

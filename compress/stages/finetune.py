@@ -6,8 +6,8 @@ loadable with `from_pretrained`.
 
 from __future__ import annotations
 
-from compress.registry import StageKind, StageResult
-from compress.train import TrainSettings
+from compress.core.registry import StageKind, StageResult
+from compress.techniques.train import TrainSettings
 
 
 class Config(TrainSettings):
@@ -26,8 +26,8 @@ def run(ctx) -> Result:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from compress.formats import hf
-    from compress.predict import encode
-    from compress.train import set_seed, train, unwrap
+    from compress.techniques.predict import encode
+    from compress.techniques.train import set_seed, train, unwrap
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)

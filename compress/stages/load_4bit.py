@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.core.registry import StageConfig, StageKind, StageResult
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -66,7 +66,7 @@ def run(ctx) -> Result:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, BitsAndBytesConfig
 
-    from compress.errors import StageError
+    from compress.core.errors import StageError
     from compress.formats import bnb_4bit, hf, onnx as onnx_fmt
 
     cfg: Config = ctx.config

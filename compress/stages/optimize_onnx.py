@@ -19,7 +19,7 @@ The attention fusion reads each layer's head count from the graph, so pruned mod
 (uneven heads) fuse too.
 
 Model types: the fusion rules are onnxruntime's, chosen through Optimum's table of model
-types (every family in compress/architectures.py has an entry). A model type without one
+types (every family in compress/core/architectures.py has an entry). A model type without one
 (or whose rules onnxruntime cannot apply) is not an error: the graph is copied unchanged with
 a note, since onnxruntime still applies its generic rewrites when it loads the graph.
 
@@ -33,7 +33,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveInt
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.core.registry import StageConfig, StageKind, StageResult
 
 
 class Config(StageConfig):
@@ -63,8 +63,8 @@ def run(ctx) -> Result:
 
     from optimum.onnxruntime import AutoOptimizationConfig, ORTOptimizer
 
-    from compress.artifacts import copy_side_files
-    from compress.errors import StageError
+    from compress.data.artifacts import copy_side_files
+    from compress.core.errors import StageError
     from compress.formats import onnx as onnx_fmt
 
     cfg: Config = ctx.config

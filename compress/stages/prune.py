@@ -22,12 +22,12 @@ number in each layer (chosen per layer by importance): the config's single
 ranking with uneven widths is not offered.
 
 `recovery: true` then fine-tunes the pruned model briefly with distillation from the
-unpruned input (compress/distillation.py: the distill stage's loss and cached teacher logits),
+unpruned input (compress/techniques/distillation.py: the distill stage's loss and cached teacher logits),
 or from another stage's model (`teacher`), e.g. the task baseline a student was distilled
 from: a better teacher than the student, and its logits over the same training examples
 are already in the run's cache.
 
-Architectures: the families in compress/architectures.py (BERT, DistilBERT, RoBERTa,
+Architectures: the families in compress/core/architectures.py (BERT, DistilBERT, RoBERTa,
 XLM-RoBERTa, ELECTRA, DeBERTa-v2/v3, ALBERT, MPNet, ModernBERT). How heads go depends on
 what transformers rebuilds from config.json: per layer where it records `pruned_heads`; not
 at all for DeBERTa-v2, MPNet and ModernBERT (`heads: 0` there; their FFN prunes). ALBERT shares one set of layer
@@ -44,9 +44,9 @@ from typing import Literal
 from pydantic import Field, PositiveInt, model_validator
 
 # The per-family description (where the projections live) is shared with distillation.
-from compress.architectures import ARCHS, Arch, get as get_arch, unsupported  # noqa: F401
-from compress.registry import StageKind, StageResult
-from compress.distillation import DistillSettings
+from compress.core.architectures import ARCHS, Arch, get as get_arch, unsupported  # noqa: F401
+from compress.core.registry import StageKind, StageResult
+from compress.techniques.distillation import DistillSettings
 
 
 class Config(DistillSettings):
@@ -160,7 +160,7 @@ def importance_scores(model, arch: Arch, method: str, batches=(), on_batch=None)
     import torch
     import torch.nn.functional as F
 
-    from compress.predict import model_inputs
+    from compress.formats import model_inputs
 
     layers = layer_list(model, arch)
     d = head_dim(model)
@@ -282,11 +282,11 @@ def run(ctx) -> Result:
     import torch
     from transformers import AutoTokenizer
 
-    from compress.distillation import distill_from
-    from compress.errors import StageError
+    from compress.techniques.distillation import distill_from
+    from compress.core.errors import StageError
     from compress.formats import hf
-    from compress.predict import encode, padded_batches
-    from compress.train import set_seed
+    from compress.techniques.predict import encode, padded_batches
+    from compress.techniques.train import set_seed
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)

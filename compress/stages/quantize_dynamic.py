@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.core.registry import StageConfig, StageKind, StageResult
 
 
 class Config(StageConfig):
@@ -82,7 +82,7 @@ def run(ctx) -> Result:
     from transformers import AutoTokenizer
 
     from compress.formats import hf, torch_int8
-    from compress.predict import encode, predict_logits
+    from compress.techniques.predict import encode, predict_logits
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
@@ -199,7 +199,7 @@ def _rank_sensitivity(fp32, names, forced, tokenizer, calib, cfg: Config, quanti
     import torch
 
     from compress.formats import torch_int8
-    from compress.predict import encode, predict_logits
+    from compress.techniques.predict import encode, predict_logits
 
     sub = calib.select(range(min(cfg.sensitivity_examples, len(calib))))
     enc = encode(tokenizer, sub, cfg.max_length)

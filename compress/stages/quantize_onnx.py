@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, confloat
 
-from compress.registry import StageConfig, StageKind, StageResult, refuse_after
+from compress.core.registry import StageConfig, StageKind, StageResult, refuse_after
 
 PRESETS = ("avx2", "avx512", "avx512_vnni", "arm64")
 
@@ -114,7 +114,7 @@ def run(ctx) -> Result:
     )
 
     from compress.formats import onnx as onnx_fmt
-    from compress.artifacts import copy_side_files
+    from compress.data.artifacts import copy_side_files
 
     cfg: Config = ctx.config
     src = onnx_fmt.model_file(ctx.input.path)

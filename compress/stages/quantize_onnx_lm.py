@@ -1,5 +1,5 @@
 """`quantize_onnx_lm`: onnxruntime weight quantization of a causal LM exported by
-export_onnx_lm (compress.lm_export does the work).
+export_onnx_lm (compress.tasks.causal_lm.export does the work).
 
 - scheme weight_only (bits 4 or 8): MatMulNBits (blocks of `block_size` weights share a
   scale; `rtn` rounds to nearest, `hqq` fits scales and zero points by half-quadratic
@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from compress.registry import StageConfig, StageKind, StageResult, refuse_after
+from compress.core.registry import StageConfig, StageKind, StageResult, refuse_after
 
 WEIGHT_ONLY = ("algorithm", "block_size", "symmetric", "accuracy_level", "lm_head_bits")
 DYNAMIC_ONLY = ("per_channel",)
@@ -90,7 +90,7 @@ class Result(StageResult):
     operators: dict  # op type -> count in the output graph
     untied: list[str]  # MatMuls given a constant weight of their own (a tied lm_head)
     size_bytes: dict  # {"input": ..., "output": ...} graph bytes
-    parity: dict  # greedy agreement with the input graph (see compress.lm_export.parity)
+    parity: dict  # greedy agreement with the input graph (see compress.tasks.causal_lm.export.parity)
 
 
 def run(ctx) -> Result:
@@ -98,7 +98,7 @@ def run(ctx) -> Result:
 
     import onnx
 
-    from compress import lm_export
+    from compress.tasks.causal_lm import export as lm_export
     from compress.formats import causal_onnx
     from compress.formats import onnx as onnx_fmt
 

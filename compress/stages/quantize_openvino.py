@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveInt, confloat, model_validator
 
-from compress.registry import StageConfig, StageKind, StageResult, refuse_after
+from compress.core.registry import StageConfig, StageKind, StageResult, refuse_after
 
 
 class Config(StageConfig):
@@ -99,7 +99,7 @@ def run(ctx) -> Result:
     import openvino as ov
     from transformers import AutoTokenizer
 
-    from compress.artifacts import copy_side_files
+    from compress.data.artifacts import copy_side_files
     from compress.formats import onnx as onnx_fmt, openvino as ov_fmt
 
     cfg: Config = ctx.config

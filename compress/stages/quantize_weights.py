@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from compress.registry import StageConfig, StageKind, StageResult
+from compress.core.registry import StageConfig, StageKind, StageResult
 
 
 class Config(StageConfig):

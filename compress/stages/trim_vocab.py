@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from compress.registry import StageKind, StageResult
-from compress.distillation import DistillSettings
+from compress.core.registry import StageKind, StageResult
+from compress.techniques.distillation import DistillSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
 
-    from compress.predict import Encoded
+    from compress.techniques.predict import Encoded
 
 
 class Config(DistillSettings):
@@ -257,7 +257,7 @@ def resplitter(tok, keep_ids: set[int], prob: float, seed: int, max_length: int,
 
     import numpy as np
 
-    from compress.predict import Encoded
+    from compress.techniques.predict import Encoded
 
     model = json.loads(tok.backend_tokenizer.to_str())["model"]
     prefix = model.get("continuing_subword_prefix") or "##"
@@ -330,9 +330,9 @@ def run(ctx) -> Result:
     import torch
     from transformers import AutoTokenizer
 
-    from compress.errors import StageError
+    from compress.core.errors import StageError
     from compress.formats import hf
-    from compress.peek import PADDING_OFFSET_TYPES
+    from compress.recipe.peek import PADDING_OFFSET_TYPES
 
     cfg: Config = ctx.config
     torch.set_num_threads(ctx.threads)
@@ -379,7 +379,7 @@ def run(ctx) -> Result:
     if cfg.recovery:
         import copy
 
-        from compress.distillation import distill_from
+        from compress.techniques.distillation import distill_from
 
         teacher = model.to(ctx.device)  # train() seeds the student's training itself
         split_stats: dict = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.test_lm_export import tiny_lm, tiny_lm_onnx  # noqa: F401 (fixtures)
+from tests.tasks.causal_lm.test_export import tiny_lm, tiny_lm_onnx  # noqa: F401 (fixtures)
 
 
 def _pair(hf_dir, onnx_dir):
@@ -16,7 +16,7 @@ def _pair(hf_dir, onnx_dir):
 
 
 def _prompts(tok, n=5):
-    from compress import lm_export
+    from compress.tasks.causal_lm import export as lm_export
 
     return lm_export.tokenizer_prompts(tok, n)
 

@@ -9,7 +9,7 @@ import pytest
 
 from compress.formats import causal, torch_int8
 from compress.formats import torchao as ao
-from compress.registry import get_stage
+from compress.core.registry import get_stage
 from tests.stages.causal_helpers import causal_ctx
 from tests.tiny_tokenizers import tiny_causal
 

@@ -11,14 +11,14 @@ pytest.importorskip("onnxruntime_genai")
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from tests.test_lm_export import tiny_causal
+    from tests.tasks.causal_lm.test_export import tiny_causal
 
     return tiny_causal(tmp_path_factory.mktemp("tiny_llama"), "llama")
 
 
 @pytest.fixture(scope="module")
 def genai_fp32(tiny_llama, tmp_path_factory):
-    from tests.test_lm_export import run_lm_stage
+    from tests.tasks.causal_lm.test_export import run_lm_stage
 
     out = tmp_path_factory.mktemp("g") / "fp32"
     result = run_lm_stage("export_genai", {"precision": "fp32", "parity_prompts": 4, "parity_new_tokens": 6},
@@ -28,7 +28,7 @@ def genai_fp32(tiny_llama, tmp_path_factory):
 
 
 def test_genai_predictor_matches_torch(tiny_llama, genai_fp32):
-    from compress import lm_export
+    from compress.tasks.causal_lm import export as lm_export
     from compress.formats import causal, genai
 
     ref, cand = causal.load_hf(tiny_llama, "cpu", 1, {}), genai.load(genai_fp32, "cpu", 1, {})
@@ -43,7 +43,7 @@ def test_genai_predictor_matches_torch(tiny_llama, genai_fp32):
 
 
 def test_genai_int4_builds_and_runs(tiny_llama, tmp_path):
-    from tests.test_lm_export import run_lm_stage
+    from tests.tasks.causal_lm.test_export import run_lm_stage
 
     result = run_lm_stage("export_genai", {"parity_prompts": 2, "parity_new_tokens": 4, "block_size": 16}, tiny_llama,
                           "hf", tmp_path / "int4")
@@ -52,7 +52,7 @@ def test_genai_int4_builds_and_runs(tiny_llama, tmp_path):
 
 
 def test_genai_minmax_quantizes_the_builders_fp32_graph(tiny_llama, tmp_path):
-    from tests.test_lm_export import run_lm_stage
+    from tests.tasks.causal_lm.test_export import run_lm_stage
 
     result = run_lm_stage("export_genai", {"algorithm": "minmax", "lm_head_bits": 8, "block_size": 16,
                                            "parity_prompts": 2, "parity_new_tokens": 4}, tiny_llama, "hf", tmp_path / "mm")
@@ -77,7 +77,7 @@ def test_a_batch_of_several_rows_decodes_through_the_generator(tiny_llama, genai
     """onnxruntime-genai takes appended tokens once for a batch above 1: the predictor's
     steps then come from the generator's own greedy choices. An unpadded batch (equal
     lengths) decodes as torch does, token for token."""
-    from compress import lm_export
+    from compress.tasks.causal_lm import export as lm_export
     from compress.formats import causal, genai
 
     ref, cand = causal.load_hf(tiny_llama, "cpu", 1, {}), genai.load(genai_fp32, "cpu", 1, {})
@@ -94,7 +94,7 @@ def test_genai_int8_is_minmax_blocks_and_refuses_int4_settings(tiny_llama, tmp_p
     from pydantic import ValidationError
 
     from compress.stages.export_genai import Config
-    from tests.test_lm_export import run_lm_stage
+    from tests.tasks.causal_lm.test_export import run_lm_stage
 
     with pytest.raises(ValidationError, match="apply to precision int4 only"):
         Config(precision="int8", lm_head_bits=8)

@@ -95,7 +95,7 @@ def test_gradient_importance_on_cuda_matches_cpu(tiny_classifier):
 def test_worker_reports_peak_gpu_memory(tiny_classifier, tmp_path):
     import json
 
-    from compress import bench_worker
+    from compress.bench import worker as bench_worker
 
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text("".join(json.dumps({"text": f"a fine film number {i}", "label": i % 2}) + "\n" for i in range(8)))

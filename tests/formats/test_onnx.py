@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from compress.recipe import validate_recipe
-from compress.runner import run_recipe
+from compress.recipe.schema import validate_recipe
+from compress.run.runner import run_recipe
 from tests.conftest import tiny_recipe
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from compress.context import StageContext
+from compress.data.context import StageContext
 
 
 def causal_ctx(kind, model: Path, out: Path, **config) -> StageContext:

@@ -13,11 +13,11 @@ def run_kind(uses: str, settings: dict, src: Path, fmt: str, data: Path, out: Pa
              device: str = "cpu"):
     """Runs stage kind `uses` with `settings` on the artifact folder `src` (format `fmt`);
     writes into `out` (recreated). `model` is any classifier folder, for the recipe."""
-    from compress.artifacts import Artifact
-    from compress.context import StageContext
-    from compress.data import Data
-    from compress.recipe import validate_recipe
-    from compress.registry import get_stage
+    from compress.data.artifacts import Artifact
+    from compress.data.context import StageContext
+    from compress.tasks.classification.data import Data
+    from compress.recipe.schema import validate_recipe
+    from compress.core.registry import get_stage
 
     raw = tiny_recipe(model or src, data)
     raw["data"]["max_train_examples"] = 200

@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compress.errors import RecipeError, StageError
+from compress.core.errors import RecipeError, StageError
 from compress.formats import Predictor, load_predictor
 from compress.formats.cascade import CascadePredictor, top_probability
-from compress.recipe import validate_recipe
+from compress.recipe.schema import validate_recipe
 from compress.stages.cascade import Config, choose_threshold, routing_notes, share_threshold
 from tests.conftest import tiny_recipe
 
@@ -191,7 +191,7 @@ def test_a_stream_tokenizes_queued_texts_with_the_large_members_tokenizer(tmp_pa
 
 @pytest.fixture(scope="module")
 def cascade_run(tiny_checkpoint, tiny_data, tmp_path_factory):
-    from compress.runner import run_recipe
+    from compress.run.runner import run_recipe
 
     recipe = tiny_recipe(tiny_checkpoint, tiny_data)
     recipe["stages"].append({"id": "cascade", "uses": "cascade", "from": "int8",
@@ -265,9 +265,9 @@ def test_cpu_only_member_loads_on_the_cpu_when_the_cascade_is_asked_for_cuda(cas
 def test_a_cpu_only_large_member_is_timed_alone_on_the_cpu(cascade_run, tmp_path, monkeypatch):
     """On a GPU a cascade runs a CPU-only large member (torch INT8) on the CPU, and the
     benchmark times that member alone beside it where the cascade runs it."""
-    from compress import bench_worker
+    from compress.bench import worker as bench_worker
     from compress.formats import cascade as cascade_fmt
-    from compress.measure import BenchJob
+    from compress.bench.measure import BenchJob
 
     _, run_dir, _ = cascade_run
     spec = json.loads((run_dir / "cascade" / "cascade.json").read_text())
@@ -294,9 +294,9 @@ def test_a_cpu_only_large_member_is_timed_alone_on_the_cpu(cascade_run, tmp_path
 
 
 def _context(cascade_run, out: Path, **with_):
-    from compress.artifacts import ArtifactStore
-    from compress.context import StageContext
-    from compress.data import Data
+    from compress.data.artifacts import ArtifactStore
+    from compress.data.context import StageContext
+    from compress.tasks.classification.data import Data
 
     _, run_dir, recipe = cascade_run
     recipe = {**recipe, "stages": recipe["stages"][:2] + [
@@ -401,8 +401,8 @@ def test_members_with_different_tokenizers_each_read_the_text_with_their_own(tmp
 
 
 def test_bench_worker_gives_a_text_taking_predictor_the_texts():
-    from compress.tasks.classification import encode as _encode
-    from compress.tasks.classification import pad as _pad
+    from compress.tasks.classification.task import encode as _encode
+    from compress.tasks.classification.task import pad as _pad
 
     class P:
         tokenizer = Tok({"a": 1, "b": 2})
@@ -418,7 +418,7 @@ def test_bench_worker_gives_a_text_taking_predictor_the_texts():
 def test_trimmed_onnx_int8_chain_in_front_of_the_baselines_onnx_int8(tiny_checkpoint, tiny_data, tmp_path):
     """The default recipe's shape: the small member has a trimmed vocabulary (its own token
     ids) and both members are ONNX INT8; the report compares the cascade with both."""
-    from compress.runner import run_recipe
+    from compress.run.runner import run_recipe
 
     recipe = tiny_recipe(tiny_checkpoint, tiny_data)
     recipe["stages"] = recipe["stages"][:1] + [

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from compress.errors import RecipeError
-from compress.recipe import validate_recipe
+from compress.core.errors import RecipeError
+from compress.recipe.schema import validate_recipe
 from tests.conftest import run_stage, tiny_recipe
 
 torch.set_num_threads(1)
@@ -16,7 +16,7 @@ FAST = {"epochs": 1, "lr": 1e-3, "batch_size": 32, "max_length": 32}
 def test_student_keeps_requested_layers_initialised_from_the_teacher(tiny_classifier_4l):
     from transformers import AutoModelForSequenceClassification
 
-    from compress.distillation import copy_layers, default_layers
+    from compress.techniques.distillation import copy_layers, default_layers
 
     teacher = AutoModelForSequenceClassification.from_pretrained(tiny_classifier_4l)
     assert default_layers(4) == [1, 3] and default_layers(6) == [1, 3, 5] and default_layers(5) == [0, 2, 4]
@@ -35,7 +35,7 @@ def test_student_keeps_requested_layers_initialised_from_the_teacher(tiny_classi
 
 
 def test_distill_loss_is_the_published_formula():
-    from compress.distillation import DistillSettings, distill_loss
+    from compress.techniques.distillation import DistillSettings, distill_loss
 
     class Fixed(torch.nn.Module):
         def __init__(self, logits):
@@ -60,7 +60,7 @@ def test_distill_loss_is_the_published_formula():
 def test_hidden_state_term_is_zero_for_matching_layers_and_the_masked_mean_cosine_otherwise(tiny_classifier_4l):
     from transformers import AutoModelForSequenceClassification
 
-    from compress.distillation import DistillSettings, copy_layers, distill_loss
+    from compress.techniques.distillation import DistillSettings, copy_layers, distill_loss
 
     teacher = AutoModelForSequenceClassification.from_pretrained(tiny_classifier_4l).eval()
     student = copy_layers(teacher, [1, 3]).eval()
@@ -90,7 +90,7 @@ def test_hidden_state_term_is_zero_for_matching_layers_and_the_masked_mean_cosin
 def test_teacher_bf16_runs_the_live_teacher_in_bfloat16_and_keeps_the_loss_close(tiny_classifier_4l):
     from transformers import AutoModelForSequenceClassification
 
-    from compress.distillation import DistillSettings, copy_layers, distill_loss, layer_list
+    from compress.techniques.distillation import DistillSettings, copy_layers, distill_loss, layer_list
 
     teacher = AutoModelForSequenceClassification.from_pretrained(tiny_classifier_4l).eval()
     student = copy_layers(teacher, [1, 3]).eval()
@@ -117,19 +117,19 @@ def test_teacher_bf16_runs_the_live_teacher_in_bfloat16_and_keeps_the_loss_close
     ({"hidden_weight": 1.0, "teacher_precision": "bf16"}, False, "bf16"),
 ])
 def test_teacher_precision_auto_follows_native_bfloat16(monkeypatch, settings, native, expected):
-    import compress.distillation
-    from compress.distillation import DistillSettings, teacher_precision
+    import compress.techniques.distillation
+    from compress.techniques.distillation import DistillSettings, teacher_precision
 
-    monkeypatch.setattr(compress.distillation, "bf16_native", lambda device: native)
+    monkeypatch.setattr(compress.techniques.distillation, "bf16_native", lambda device: native)
     assert teacher_precision(DistillSettings(**settings), "cpu") == expected
 
 
 def test_teacher_logits_are_cached_equal_a_fresh_pass_and_reused(tiny_classifier_4l, tiny_data, tmp_path):
     from transformers import AutoTokenizer
 
-    from compress.data import Data
+    from compress.tasks.classification.data import Data
     from compress.formats import hf
-    from compress.predict import encode, predict_logits
+    from compress.techniques.predict import encode, predict_logits
 
     cache = tmp_path / "cache"
     fp32 = {**FAST, "teacher_precision": "fp32"}  # compared with an fp32 pass below
@@ -166,7 +166,7 @@ def test_teacher_logits_are_cached_equal_a_fresh_pass_and_reused(tiny_classifier
 
 
 def test_augmented_copies_of_whole_sentences_join_the_training_examples(tiny_classifier_4l, tiny_data, tmp_path):
-    from compress.data import Data
+    from compress.tasks.classification.data import Data
 
     cache = tmp_path / "cache"
     plain = run_stage(tiny_classifier_4l, tiny_data, tmp_path / "a", "distill", FAST, cache_root=cache)
@@ -253,7 +253,7 @@ def test_freeze_embeddings_keeps_the_word_embeddings_and_trains_the_rest(tiny_cl
 
 def test_train_examples_distils_on_more_of_the_split_outside_the_calibration_slice(
         tiny_classifier_4l, tiny_data, tmp_path, monkeypatch):
-    from compress.data import Data
+    from compress.tasks.classification.data import Data
 
     monkeypatch.setattr(Data, "CALIBRATION_RESERVE", 100)  # tiny_data: 600 training rows, subset 200
     cache = tmp_path / "cache"

@@ -3,7 +3,7 @@ import shutil
 import numpy as np
 import pytest
 
-from compress.errors import StageError
+from compress.core.errors import StageError
 from tests.conftest import tiny_config
 from tests.stages.onnx_helpers import run_kind
 

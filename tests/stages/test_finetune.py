@@ -1,7 +1,7 @@
 import json
 
-from compress.recipe import validate_recipe
-from compress.runner import run_recipe
+from compress.recipe.schema import validate_recipe
+from compress.run.runner import run_recipe
 from tests.conftest import tiny_recipe
 
 

@@ -27,8 +27,8 @@ def trained(tokenizer_dir, tiny_data, tmp_path_factory):
     import torch
     from transformers import BertModel
 
-    from compress.recipe import validate_recipe
-    from compress.runner import run_recipe
+    from compress.recipe.schema import validate_recipe
+    from compress.run.runner import run_recipe
     from tests.conftest import tiny_config, tiny_recipe
 
     torch.manual_seed(0)
@@ -126,8 +126,8 @@ def test_layers_the_cpu_kernels_cannot_tile_stay_in_full_precision(tiny_classifi
 def test_missing_bitsandbytes_fails_validation_with_the_fix(tiny_classifier, tiny_data, monkeypatch):
     import importlib.util
 
-    from compress.errors import RecipeError
-    from compress.recipe import validate_recipe
+    from compress.core.errors import RecipeError
+    from compress.recipe.schema import validate_recipe
     from tests.conftest import tiny_recipe
 
     real = importlib.util.find_spec

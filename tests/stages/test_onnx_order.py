@@ -3,8 +3,8 @@ use: refused ones fail validation naming the key and why; allowed ones run."""
 
 import pytest
 
-from compress.errors import RecipeError
-from compress.recipe import validate_recipe
+from compress.core.errors import RecipeError
+from compress.recipe.schema import validate_recipe
 from tests.conftest import tiny_recipe
 from tests.stages.onnx_helpers import run_kind
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from compress.errors import StageError
+from compress.core.errors import StageError
 from tests.stages.onnx_helpers import run_kind
 
 pytest.importorskip("openvino")
@@ -151,7 +151,7 @@ def test_benchmark_worker_measures_an_openvino_variant(ov_dir, tiny_classifier, 
     # The benchmark's loader path: the worker measures an OpenVINO folder as it measures the
     # others (same inputs, batch 1 and a larger batch), and a later round pairs it with a
     # torch baseline in one process.
-    from compress import bench_worker
+    from compress.bench import worker as bench_worker
 
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text("".join(json.dumps({"text": f"a {'fine ' * (i % 4)}film {i}", "label": i % 2}) + "\n"

@@ -3,8 +3,8 @@ fail validation naming the key and why (no model loads); allowed ones validate."
 
 import pytest
 
-from compress.errors import RecipeError
-from compress.recipe import validate_recipe
+from compress.core.errors import RecipeError
+from compress.recipe.schema import validate_recipe
 from tests.conftest import tiny_recipe
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from compress.errors import RecipeError
-from compress.recipe import validate_recipe
+from compress.core.errors import RecipeError
+from compress.recipe.schema import validate_recipe
 from tests.conftest import ROOT, run_stage, tiny_recipe
 
 torch.set_num_threads(1)
@@ -197,11 +197,11 @@ def test_other_architectures_prune_and_reload(model_type, tmp_path):
 def test_recovery_distils_from_another_stage_as_teacher(tiny_classifier, tiny_classifier_4l, tiny_data, tmp_path):
     """`teacher` names the model the recovery distils from: its logits (not the unpruned
     input's) are cached and trained towards, under its own fingerprint."""
-    from compress.artifacts import Artifact
-    from compress.context import StageContext
-    from compress.data import Data
-    from compress.distillation import teacher_cache_key
-    from compress.registry import get_stage
+    from compress.data.artifacts import Artifact
+    from compress.data.context import StageContext
+    from compress.tasks.classification.data import Data
+    from compress.techniques.distillation import teacher_cache_key
+    from compress.core.registry import get_stage
 
     settings = {"heads": 0.5, "ffn": 0.5, "importance_examples": 32, "max_length": 32, "epochs": 1, "lr": 1e-3,
                 "teacher_precision": "fp32"}
@@ -229,7 +229,7 @@ def test_recovery_distils_from_another_stage_as_teacher(tiny_classifier, tiny_cl
     from transformers import AutoTokenizer
 
     from compress.formats import hf
-    from compress.predict import encode, predict_logits
+    from compress.techniques.predict import encode, predict_logits
 
     tok = AutoTokenizer.from_pretrained(tiny_classifier_4l)
     expected = predict_logits(hf.load_model(tiny_classifier_4l), tok, encode(tok, data.train, 32))

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from compress.errors import RecipeError
-from compress.recipe import validate_recipe
-from compress.runner import run_recipe
+from compress.core.errors import RecipeError
+from compress.recipe.schema import validate_recipe
+from compress.run.runner import run_recipe
 from tests.conftest import tiny_recipe
 
 

