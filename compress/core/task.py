@@ -107,7 +107,7 @@ class Task:
     metric: Metric
     secondary: tuple[Metric, ...] = ()
     columns: tuple[str, ...] = ()  # the keys of one eval-file row
-    workload: str = ""  # what one timed call runs, in words (the README and `compress stages` say it)
+    workload: str = ""  # what one timed call runs, in words (docs/benchmark.md and `compress stages` say it)
     throughput_unit: str = "seq/s"
 
     def info(self) -> TaskInfo:

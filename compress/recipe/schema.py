@@ -2,7 +2,7 @@
 
 Every block is a pydantic model with `extra="forbid"`, so a typo is an error that names
 its key (`stages[1].with.lr: ...`), never a setting silently left at its default. Field
-descriptions are the documentation: `compress stages` and the README render them.
+descriptions are the documentation: `compress stages` and the docs render them.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ class BudgetSpec(Strict):
         "fraction of the best one's count as equal; of them, those that none beats on quality beyond chance "
         "(a paired 95% interval that excludes zero) remain, and the smallest is deployed: timings move "
         "between runs and small accuracy gaps reverse on new data, so close variants stop flipping the "
-        "pick (the README says how far they move). 0: strictly the best figure. Sizes are exact, so "
+        "pick (docs/benchmark.md says how far they move). 0: strictly the best figure. Sizes are exact, so "
         "min_size takes no tolerance.",
     )
     device: Literal["cpu", "cuda"] = Field(

@@ -1,8 +1,8 @@
 """report.json as typed records, and the variant table every rendering of it shares.
 
 `Report` is report.json (rows and the decision are compress/decision/decide.py's records), written
-by alias and without the fields never set, so its keys are the public format's (README.md,
-"Outputs"); `read_report` reads one back through the same records, and a file of another
+by alias and without the fields never set, so its keys are the public format's (docs/benchmark.md,
+"report.json"); `read_report` reads one back through the same records, and a file of another
 shape is a one-line error. The renderers (compress/reports/render.py, html_report.py, junit.py,
 model_card.py, compare.py) import from here, so none of them imports another.
 """

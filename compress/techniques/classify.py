@@ -6,7 +6,7 @@ text-classification pipeline does: one [{"label": name, "score": probability}] p
     clf(["a gripping, beautifully shot film"])      # [[{"label": "positive", "score": 0.98}]]
 
 A single-model folder (hf, ONNX, OpenVINO) loads with transformers or Optimum as well (see
-the README). A cascade folder has no such loader: its two members read the text with their
+docs/benchmark.md). A cascade folder has no such loader: its two members read the text with their
 own tokenizers and a threshold sits between them, so this is how a selected cascade is
 served; it names its members relative to the run folder, which must stay beside it.
 """

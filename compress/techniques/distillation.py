@@ -66,7 +66,7 @@ class DistillSettings(TrainSettings):
         description="Weight of the cosine loss between student and teacher hidden states of matched "
         "layers (DistilBERT: 1.0 on the last layer). Above 0 the teacher runs on every step "
         "(hidden states are too large to cache), so training is slower; a bf16 teacher "
-        "(`teacher_precision`) costs less. The README's \"What the settings measured\" gives figures.",
+        "(`teacher_precision`) costs less. docs/stages.md (\"What the settings measured\") gives figures.",
     )
     teacher_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto",
