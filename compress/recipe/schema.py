@@ -541,6 +541,12 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
                               "(perplexity, multiple_choice, summarization)")
         if recipe.lm is None:
             recipe.lm = LMSpec()
+        first: dict[str, int] = {}
+        for i, mc in enumerate(recipe.lm.multiple_choice):
+            if mc.name in first:  # scored twice, it would count twice in every gate and mean
+                raise RecipeError(where, f"lm.multiple_choice[{i}].name", f"'{mc.name}' is named twice (first at "
+                                  f"lm.multiple_choice[{first[mc.name]}]); list each set once")
+            first[mc.name] = i
     else:
         if recipe.data is None:
             raise RecipeError(where, "data", "required key is missing: a sequence-classification recipe names its dataset here")
