@@ -131,7 +131,8 @@ class DataSpec(Strict):
         description="Whole sentences carved out of the training split before anything trains. A whole "
         "sentence is a row that no longer row contains (treebank data such as SST-2 also lists every "
         "phrase of a sentence as a row; other data: every row). Every training row that is a span of a "
-        "carved sentence is dropped too, so no phrase of it is learned.",
+        "carved sentence is dropped too, so no phrase of it is learned. Refused before any stage when the split has "
+        "fewer whole sentences than asked for, or when they and their phrases would take more than 75% of its rows.",
     )
 
     @field_validator("label_names")
