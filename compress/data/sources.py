@@ -69,7 +69,7 @@ def resolve_model(spec: "ModelSpec", base_dir: Path, log=lambda m: None) -> Reso
     file = gguf_file(spec, base_dir)
     if file is not None:
         return _resolve_gguf(spec, file, log)
-    folder = local_folder(spec, base_dir)
+    folder = local_folder(spec, base_dir, import_package=True)
     origin = "local"
     if spec.source.startswith("package:"):
         origin = f"package {spec.source.split(':', 1)[1]}"

@@ -35,8 +35,7 @@ class GenaiCausal(CausalLM):
         from transformers import AutoConfig, AutoTokenizer
 
         super().__init__(path)
-        if not (Path(path) / CONFIG_FILE).is_file():
-            raise FileNotFoundError(f"{path}: no {CONFIG_FILE}; not an onnxruntime-genai folder")
+        genai = read_config(Path(path))  # before og reads it: its own errors name no file
         self._og = og
         config = og.Config(str(path))
         config.clear_providers()  # the CPU; the builder was run with -e cpu
@@ -50,10 +49,8 @@ class GenaiCausal(CausalLM):
             self.notes.append("onnxruntime-genai folder built for the CPU; ran on the CPU")
         self.notes.append("onnxruntime-genai: a left-padded row of a batch decodes differently from its prompt alone, "
                           "so batches above 1 give speed only (scores come from batch 1)")
-        genai = json.loads((Path(path) / CONFIG_FILE).read_text(encoding="utf-8"))["model"]
-        self.pad = int(genai.get("pad_token_id", genai.get("eos_token_id", 0)))
-        if isinstance(genai.get("eos_token_id"), list):
-            self.pad = int(genai.get("pad_token_id", genai["eos_token_id"][0]))
+        pad = genai.get("pad_token_id", genai.get("eos_token_id", 0))  # read_config checked both are ids
+        self.pad = int(pad[0] if isinstance(pad, list) else pad)
         self.context_length = int(genai.get("context_length", 4096))
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         self.config = AutoConfig.from_pretrained(path, trust_remote_code=False)
@@ -107,6 +104,41 @@ class GenaiCausal(CausalLM):
     def memory_bytes(self) -> int:
         """Bytes of the stored weights (the model files, external data included)."""
         return sum(p.stat().st_size for p in Path(self.path).iterdir() if p.name.startswith("model.onnx"))
+
+
+def read_config(folder: Path) -> dict:
+    """genai_config.json's `model` block, checked: a JSON object whose decoder names a graph
+    file inside the folder (a plain name: never a path out of it) that is there, with
+    integer token ids and a positive context length. ArtifactError naming the file for a
+    missing, truncated or edited config (in a stage folder, the checksums already catch edits)."""
+    from compress.core.errors import ArtifactError
+
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise ArtifactError(f"{folder}: no {CONFIG_FILE}; not an onnxruntime-genai folder (rebuild it with export_genai)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ArtifactError(f"{path}: not valid JSON ({exc.__class__.__name__}); truncated or edited: rebuild it") from exc
+    model = config.get("model") if isinstance(config, dict) else None
+    decoder = model.get("decoder") if isinstance(model, dict) else None
+    name = decoder.get("filename") if isinstance(decoder, dict) else None
+    if not isinstance(name, str):
+        raise ArtifactError(f"{path}: no model.decoder.filename; not a genai config (edited?): rebuild it")
+    if Path(name).name != name or name in ("", ".", "..") or not (folder / name).is_file():
+        raise ArtifactError(f"{path}: model.decoder.filename '{name[:80]}' is not a file of this folder; rebuild it")
+
+    def ids(v) -> bool:
+        items = v if isinstance(v, list) else [v]
+        return bool(items) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items)
+
+    for key in ("eos_token_id", "pad_token_id"):
+        if key in model and not ids(model[key]):
+            raise ArtifactError(f"{path}: model.{key} is {str(model[key])[:40]}, not a token id; rebuild it")
+    ctx = model.get("context_length", 4096)
+    if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx <= 0:
+        raise ArtifactError(f"{path}: model.context_length is {str(ctx)[:40]}, not a positive integer; rebuild it")
+    return model
 
 
 class _Batch:

@@ -18,6 +18,7 @@ The benchmark compiles every OpenVINO variant the same way, and each row records
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +34,44 @@ _FLOAT = {"f32", "f16", "bf16"}
 
 
 def model_file(folder: Path) -> Path:
+    """The IR's model.xml, after check_ir."""
     path = Path(folder) / MODEL_FILE
     if not path.is_file() or not (Path(folder) / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{folder}: no {MODEL_FILE} and {WEIGHTS_FILE}; not an OpenVINO model folder")
+    check_ir(Path(folder))
     return path
+
+
+# A <data> element of an IR's Const layer: where its weights lie in model.bin.
+_DATA_TAG = re.compile(rb"<data\b[^>]*>")
+_OFFSET = re.compile(rb'\boffset="(\d+)"')
+_SIZE = re.compile(rb'\bsize="(\d+)"')
+
+
+def check_ir(folder: Path) -> None:
+    """ArtifactError naming the file when an IR was cut short or tampered with, before
+    OpenVINO reads it: a model.xml that declares a DTD or entities (OpenVINO never writes
+    one; an external entity would point the parser at another file), that does not end its
+    <net> element (truncated), or whose weights lie past the end of model.bin (truncated)."""
+    from compress.core.errors import ArtifactError
+
+    xml_path, bin_path = folder / MODEL_FILE, folder / WEIGHTS_FILE
+    xml = xml_path.read_bytes()
+    upper = xml.upper()
+    if b"<!DOCTYPE" in upper or b"<!ENTITY" in upper:
+        raise ArtifactError(f"{xml_path}: declares a DTD or entities, which OpenVINO never writes: the IR was edited; "
+                            f"rebuild it (run the stage again) rather than load it")
+    if not xml.rstrip().endswith(b"</net>"):
+        raise ArtifactError(f"{xml_path}: truncated (it does not end its <net> element); rebuild it")
+    needed = 0
+    for tag in _DATA_TAG.findall(xml):
+        offset, size = _OFFSET.search(tag), _SIZE.search(tag)
+        if offset and size:
+            needed = max(needed, int(offset.group(1)) + int(size.group(1)))
+    have = bin_path.stat().st_size
+    if have < needed:
+        raise ArtifactError(f"{bin_path}: {have} bytes, but {MODEL_FILE} reads weights up to byte {needed}: truncated; "
+                            f"rebuild it")
 
 
 def compile_config(threads: int) -> dict:

@@ -35,16 +35,19 @@ class ModelRef(Protocol):
 # Where a model source is, without a download
 
 
-def local_folder(spec: ModelRef, base_dir: Path) -> Path | None:
+def local_folder(spec: ModelRef, base_dir: Path, import_package: bool = False) -> Path | None:
     """The folder of the model if it can be had without a download, else None. A GGUF
-    source's folder is its converted copy, once converted (compress/tasks/causal_lm/gguf.py)."""
+    source's folder is its converted copy, once converted (compress/tasks/causal_lm/gguf.py).
+    `import_package`: a `package:MODULE` whose folder holds no model may be imported to ask
+    it for its path (get_model_path); without it (recipe validation) no code of the package
+    runs and such a package's folder is unknown (None) until the run resolves it."""
     src = spec.source
     file = gguf_file(spec, base_dir)
     if file is not None:
         done = gguf.converted(file)
         return done.path if done is not None else None
     if src.startswith("package:"):
-        return _package_dir(src.split(":", 1)[1])
+        return _package_dir(src.split(":", 1)[1], import_package)
     local = expand_user(src)
     if not local.is_absolute():
         local = base_dir / local
@@ -107,7 +110,7 @@ def missing_path_reason(path: Path) -> str:
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-def _package_dir(module: str) -> Path:
+def _package_dir(module: str, import_package: bool = True) -> Path | None:
     if not _MODULE.fullmatch(module):
         raise ModelSourceError(f"model.source: 'package:{module}' does not name a Python module (package:MODULE)")
     root = _locate_package(module)
@@ -120,7 +123,12 @@ def _package_dir(module: str) -> Path:
         if (candidate / "config.json").is_file():
             return candidate
     # Packages that compute their path at import time: only then is the named package
-    # imported (it was asked for by name); its parents' code has run by then too.
+    # imported (it was asked for by name), and only by the run, never by validation. Whether
+    # it can answer is read from its source text, which runs nothing.
+    if "get_model_path" not in _module_source(module, root):
+        raise ModelSourceError(f"model.source: package '{module}' holds no model folder with a config.json")
+    if not import_package:
+        return None
     try:
         mod = importlib.import_module(module)
         getter = getattr(mod, "get_model_path", None)
@@ -130,6 +138,16 @@ def _package_dir(module: str) -> Path:
     if path is not None and (path / "config.json").is_file():
         return path
     raise ModelSourceError(f"model.source: package '{module}' holds no model folder with a config.json")
+
+
+def _module_source(module: str, root: Path) -> str:
+    """The text of a located module's own file (a package's __init__.py), '' when unreadable."""
+    for path in (root / "__init__.py", root / f"{module.rsplit('.', 1)[-1]}.py"):
+        try:
+            return path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+    return ""
 
 
 def _locate_package(module: str) -> Path | None:

@@ -131,7 +131,8 @@ class DataSpec(Strict):
         description="Whole sentences carved out of the training split before anything trains. A whole "
         "sentence is a row that no longer row contains (treebank data such as SST-2 also lists every "
         "phrase of a sentence as a row; other data: every row). Every training row that is a span of a "
-        "carved sentence is dropped too, so no phrase of it is learned.",
+        "carved sentence is dropped too, so no phrase of it is learned. Refused before any stage when the split has "
+        "fewer whole sentences than asked for, or when they and their phrases would take more than 75% of its rows.",
     )
 
     @field_validator("label_names")
@@ -541,6 +542,12 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
                               "(perplexity, multiple_choice, summarization)")
         if recipe.lm is None:
             recipe.lm = LMSpec()
+        first: dict[str, int] = {}
+        for i, mc in enumerate(recipe.lm.multiple_choice):
+            if mc.name in first:  # scored twice, it would count twice in every gate and mean
+                raise RecipeError(where, f"lm.multiple_choice[{i}].name", f"'{mc.name}' is named twice (first at "
+                                  f"lm.multiple_choice[{first[mc.name]}]); list each set once")
+            first[mc.name] = i
     else:
         if recipe.data is None:
             raise RecipeError(where, "data", "required key is missing: a sequence-classification recipe names its dataset here")
@@ -803,11 +810,10 @@ def check_head(recipe: Recipe, model_config: dict, where: str) -> None:
 
 def length_settings(recipe: Recipe) -> list[tuple[str, int]]:
     """(recipe key, value) of every token-length setting: benchmark.max_length and each
-    stage's max_length (defaults included: they are used as much as written values)."""
-    if recipe.lm is not None:  # causal LMs: the scored windows and the longest timed sequence
-        t = recipe.lm.timing
-        out = [("lm.perplexity.context", recipe.lm.perplexity.context),
-               ("lm.timing.max_prompt_tokens", t.max_prompt_tokens + t.new_tokens)]
+    stage's max_length (defaults included: they are used as much as written values). The
+    causal-LM lengths that are sums of two settings are check_lm_lengths'."""
+    if recipe.lm is not None:  # causal LMs: the scored windows
+        out = [("lm.perplexity.context", recipe.lm.perplexity.context)]
     else:
         out = [("benchmark.max_length", recipe.benchmark.max_length)]
     for i, spec in enumerate(recipe.stages):
@@ -828,3 +834,26 @@ def check_lengths(recipe: Recipe, model_config: dict, where: str) -> None:
         if value > most:
             raise RecipeError(where, key, f"{value} tokens is more than the model takes ({most}: {why}); "
                               f"set it to {most} or less")
+    if recipe.lm is not None:
+        check_lm_lengths(recipe.lm, most, why, where)
+
+
+def check_lm_lengths(lm: LMSpec, most: int, why: str, where: str) -> None:
+    """The longest sequences a causal LM is given: a timed prompt (cut to max_prompt_tokens)
+    and its new tokens, a summary's new tokens after at least one prompt token. Each error
+    names the setting that alone is too large, else the pair, and says what both add up to.
+    How long the summarised dialogues are is known once a tokenizer is at hand (the runner
+    checks them before any stage: compress.tasks.causal_lm.task.check_prompt_lengths)."""
+    t = lm.timing
+    if t.new_tokens >= most:
+        raise RecipeError(where, "lm.timing.new_tokens", f"{t.new_tokens} new tokens leave no room for a prompt in the "
+                          f"{most} positions the model takes ({why}); set it below {most}")
+    if t.max_prompt_tokens + t.new_tokens > most:
+        key = "lm.timing.max_prompt_tokens" if t.max_prompt_tokens >= most else "lm.timing.new_tokens"
+        raise RecipeError(where, key, f"max_prompt_tokens {t.max_prompt_tokens} + new_tokens {t.new_tokens} = "
+                          f"{t.max_prompt_tokens + t.new_tokens} tokens is more than the model takes ({most}: {why}); "
+                          f"lower lm.timing.max_prompt_tokens or lm.timing.new_tokens")
+    if lm.summarization is not None and lm.summarization.max_new_tokens >= most:
+        raise RecipeError(where, "lm.summarization.max_new_tokens",
+                          f"{lm.summarization.max_new_tokens} new tokens leave no room for the dialogue in the {most} "
+                          f"positions the model takes ({why}); set it well below {most}")

@@ -69,7 +69,10 @@ def run_recipe(
         if recipe.lm is not None:
             from compress.tasks.causal_lm.data import load_lm_evals
 
+            from compress.tasks.causal_lm.task import check_prompt_lengths
+
             data = load_lm_evals(recipe.lm, recipe.base_dir)
+            check_prompt_lengths(data, recipe.lm, model.path, recipe.model.trust_remote_code)
             data_notes = []
             log(f"data: {data.summary()}")
         else:

@@ -27,14 +27,19 @@ from compress.formats.cascade import member_path, read_spec, top_probability
 def folder_format(path: Path) -> str:
     """The variant format of a folder: its stage's completion marker when the folder is intact,
     else what its files are (a folder copied out of its run without the marker)."""
-    marker, _ = ArtifactStore(path.parent).check(path.name)
+    from compress.core.errors import ArtifactError
+    from compress.data.artifacts import MARKER
+
+    marker, why = ArtifactStore(path.parent).check(path.name)
     if marker is not None:
         return marker["format"]
+    if (path / MARKER).exists():  # sealed once, changed since: a half-written or edited output
+        raise ArtifactError(f"{path}: {why}; it is not loaded: run the recipe again to rebuild it")
     if (path / "cascade.json").is_file():
         return "cascade"
     if any(path.glob("*.onnx")):
         return "onnx"
-    if (path / "openvino_model.xml").is_file():
+    if (path / "model.xml").is_file():  # what export_openvino writes (compress.formats.openvino)
         return "openvino"
     return "hf"
 

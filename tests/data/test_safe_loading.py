@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 import yaml
 
 PACKAGE = Path(__file__).resolve().parents[2] / "compress"
@@ -231,3 +232,57 @@ def test_a_distill_student_with_custom_code_never_runs_it(cli, tmp_path, monkeyp
     line = err.strip().splitlines()[-1]
     assert line.startswith("error: ") and "custom code" in line and str(student) in line
     assert "[y/N]" not in out + err
+
+
+# --- No code of a package runs at validation (issue "Hostile inputs, third round", item 7) ---
+
+@pytest.mark.parametrize("module", ["hostile_empty_pkg", "hostile_empty_parent.child"])
+def test_a_package_without_a_model_file_is_refused_at_validation_without_importing_it(tmp_path, monkeypatch, module,
+                                                                                       tiny_data):
+    """A package (or a package's child) whose folder holds no model and whose code does not
+    say where one is: one line naming model.source, and neither it nor its parent ran."""
+    import sys
+
+    from compress.core.errors import RecipeError
+    from compress.recipe.schema import validate_recipe
+    from tests.conftest import tiny_recipe
+
+    marker = tmp_path / "package_code_ran"
+    root = tmp_path / "site"
+    folder = root.joinpath(*module.split("."))
+    folder.mkdir(parents=True)
+    for depth in range(1, len(module.split(".")) + 1):
+        root.joinpath(*module.split(".")[:depth], "__init__.py").write_text(
+            f"open({str(marker)!r}, 'w').write('ran')\n")
+    monkeypatch.syspath_prepend(str(root))
+    raw = tiny_recipe(tmp_path, tiny_data)
+    raw["model"] = {"source": f"package:{module}"}
+    with pytest.raises(RecipeError) as exc:
+        validate_recipe(raw, "r.yaml")
+    assert exc.value.key == "model.source" and "holds no model folder" in exc.value.message
+    assert not marker.exists() and module.split(".")[0] not in sys.modules
+
+
+def test_a_package_that_computes_its_model_path_runs_only_when_the_run_resolves_it(tmp_path, monkeypatch):
+    """get_model_path() is the package's code: validation leaves its folder unknown, the run
+    imports it (it was named to be used) and takes the path it gives."""
+    import sys
+
+    from compress.data.sources import resolve_model
+    from compress.recipe.peek import local_folder, peek_model_format
+    from compress.recipe.schema import ModelSpec
+
+    marker = tmp_path / "package_code_ran"
+    model = tmp_path / "elsewhere" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"architectures": ["BertForSequenceClassification"]}')
+    pkg = tmp_path / "site" / "hostile_path_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                     f"def get_model_path():\n    return {str(model)!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "hostile_path_pkg", raising=False)
+    spec = ModelSpec(source="package:hostile_path_pkg")
+    assert local_folder(spec, tmp_path) is None and peek_model_format(spec, tmp_path) is None
+    assert not marker.exists() and "hostile_path_pkg" not in sys.modules
+    assert resolve_model(spec, tmp_path).path == model and marker.exists()

@@ -102,3 +102,33 @@ def test_genai_int8_is_minmax_blocks_and_refuses_int4_settings(tiny_llama, tmp_p
                                            "parity_new_tokens": 4}, tiny_llama, "hf", tmp_path / "i8")
     assert result.precision == "int8" and "minmax int8" in result.builder_options[0]
     assert (tmp_path / "i8" / "genai_config.json").is_file()
+
+
+# --- A genai folder whose config is missing or edited (issue "Hostile inputs, third round", item 9)
+
+@pytest.mark.parametrize("config, needle", [
+    (None, "no genai_config.json"),
+    ('{"model": {"decoder": {"filename": "model.onnx"}', "not valid JSON"),
+    ('["model"]', "no model.decoder.filename"),
+    ('{"model": {"decoder": {"filename": "../outside.onnx"}}}', "not a file of this folder"),
+    ('{"model": {"decoder": {"filename": "/etc/hostname"}}}', "not a file of this folder"),
+    ('{"model": {"decoder": {"filename": "missing.onnx"}}}', "not a file of this folder"),
+    ('{"model": {"decoder": {"filename": "model.onnx"}, "pad_token_id": "x"}}', "model.pad_token_id"),
+    ('{"model": {"decoder": {"filename": "model.onnx"}, "eos_token_id": [2, -1]}}', "model.eos_token_id"),
+    ('{"model": {"decoder": {"filename": "model.onnx"}, "context_length": 0}}', "model.context_length"),
+])
+def test_a_missing_or_edited_genai_config_is_one_line_before_onnxruntime_genai_reads_it(tmp_path, config, needle):
+    from compress.core.errors import ArtifactError
+    from compress.formats import genai, load_predictor
+
+    folder = tmp_path / "genai"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"graph")
+    (tmp_path / "outside.onnx").write_bytes(b"graph")
+    if config is not None:
+        (folder / genai.CONFIG_FILE).write_text(config)
+    with pytest.raises(ArtifactError) as exc:
+        load_predictor("genai", folder, "cpu", 1, causal=True)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+    if config is not None:
+        assert genai.CONFIG_FILE in str(exc.value)

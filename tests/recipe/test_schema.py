@@ -252,3 +252,64 @@ def test_a_stage_kind_that_does_not_take_the_recipes_task_is_refused(base, monke
     assert e.key == "stages[1].uses"
     assert "quantize_dynamic does not take task 'sequence-classification'" in e.message and "`task`" in e.message
     assert "\n" not in str(e)
+
+
+# --- The `lm` block: bounds before work (issue "Hostile inputs, third round", items 2, 3, 8) ---
+
+def _lm_recipe(tmp_path, positions: int = 64, **lm) -> dict:
+    """A causal-LM recipe over a model folder that holds only its config.json (validation reads no more)."""
+    import json
+
+    model = tmp_path / "llama"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                   "max_position_embeddings": positions}))
+    return {"schema_version": 1, "name": "lm", "task": "causal-lm", "model": {"source": str(model)},
+            "lm": {"timing": {"max_prompt_tokens": 16, "new_tokens": 8}, "perplexity": {"context": 32},
+                   "summarization": {"max_new_tokens": 8}, **lm},
+            "stages": [{"id": "onnx", "uses": "export_onnx_lm"}], "benchmark": {"devices": ["cpu"]},
+            "budget": {"baseline": "model"}}
+
+
+def test_a_sound_lm_recipe_validates(tmp_path):
+    validate_recipe(_lm_recipe(tmp_path))
+
+
+def test_the_same_multiple_choice_set_twice_is_refused(tmp_path):
+    raw = _lm_recipe(tmp_path, multiple_choice=[{"name": "piqa", "path": "p"}, {"name": "arc_easy", "path": "a"},
+                                                {"name": "piqa", "path": "p2"}])
+    e = error_of(raw)
+    assert e.key == "lm.multiple_choice[2].name" and "named twice" in e.message and "[0]" in e.message
+
+
+@pytest.mark.parametrize("where, value, key", [
+    (("memory_tiers",), [{"name": "big", "gb": float("inf")}], "lm.memory_tiers[0].gb"),
+    (("memory_tiers",), [{"name": "big", "gb": float("nan")}], "lm.memory_tiers[0].gb"),
+    (("memory_tiers",), [{"name": "big", "gb": "1e400"}], "lm.memory_tiers[0].gb"),
+    (("memory_tiers",), [{"name": "none", "gb": 0}], "lm.memory_tiers[0].gb"),
+    (("timing", "batch_sizes"), [1, 0], "lm.timing.batch_sizes[1]"),
+    (("timing", "prompts"), -1, "lm.timing.prompts"),
+    (("perplexity", "stride"), 0, "lm.perplexity.stride"),
+    (("perplexity", "max_windows"), float("inf"), "lm.perplexity.max_windows"),
+    (("summarization", "max_items"), 0, "lm.summarization.max_items"),
+])
+def test_every_number_of_the_lm_block_is_finite_and_positive(tmp_path, where, value, key):
+    raw = _lm_recipe(tmp_path)
+    node = raw["lm"]
+    for part in where[:-1]:
+        node = node.setdefault(part, {})
+    node[where[-1]] = value
+    assert error_of(raw).key == key
+
+
+def test_lm_lengths_against_the_models_positions_name_their_key(tmp_path):
+    e = error_of(_lm_recipe(tmp_path, timing={"max_prompt_tokens": 16, "new_tokens": 64}))
+    assert e.key == "lm.timing.new_tokens" and "no room for a prompt" in e.message and "64" in e.message
+    e = error_of(_lm_recipe(tmp_path, timing={"max_prompt_tokens": 40, "new_tokens": 40}))
+    assert e.key == "lm.timing.new_tokens" and "max_prompt_tokens 40 + new_tokens 40 = 80" in e.message
+    e = error_of(_lm_recipe(tmp_path, timing={"max_prompt_tokens": 100, "new_tokens": 4}))
+    assert e.key == "lm.timing.max_prompt_tokens" and "new_tokens 4" in e.message
+    e = error_of(_lm_recipe(tmp_path, summarization={"max_new_tokens": 64}))
+    assert e.key == "lm.summarization.max_new_tokens" and "(max_position_embeddings 64)" in e.message
+    e = error_of(_lm_recipe(tmp_path, perplexity={"context": 65}))
+    assert e.key == "lm.perplexity.context"

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import tiny_recipe
+from tests.tasks.causal_lm.test_data import data  # noqa: F401 - the fixture: tiny copies of the LM eval sets
 
 
 def _env(**extra) -> dict:
@@ -261,6 +262,87 @@ def test_kill_in_export_then_resume_and_a_corrupt_onnx_file(tmp_path, tiny_class
     assert code == 2
     line = one_line_error(err)
     assert "[onnx]" in line and "corrupt" in line
+
+
+def test_kill_in_openvino_export_then_resume_and_a_tampered_ir(tmp_path, tiny_classifier, tiny_data, cli, monkeypatch):
+    """kill -9 the moment export_openvino's IR appears (perhaps halfway through writing it):
+    nothing is committed and the resume rebuilds it; an IR edited in place afterwards (an
+    external entity in model.xml, a short model.bin) is never used: --no-rebuild refuses in
+    one line, a plain run rebuilds it."""
+    from compress.core.registry import registry
+
+    pytest.importorskip("openvino")
+    if "export_openvino" not in registry():
+        pytest.skip("no export_openvino stage")
+    recipe = tiny_recipe(tiny_classifier, tiny_data)
+    recipe["stages"] = [{"id": "ov", "uses": "export_openvino", "with": {"parity_examples": 16, "max_length": 32}}]
+    recipe["budget"] = {"baseline": "model", "max_accuracy_drop": 100}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    run_dir = tmp_path / "artifacts" / "tiny"
+
+    p = start(tmp_path)
+    wait_for(p, ".tmp/ov-*/model.xml", run_dir)
+    kill(p)
+    assert committed(run_dir) == set()
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("run", "recipe.yaml", "--no-rebuild")
+    assert code == 2 and "[ov] export_openvino: no output yet" in one_line_error(err)
+    code, _, err = cli("run", "recipe.yaml")
+    assert code == 0, err
+    assert "[ov] export_openvino: running (no output yet)" in err and committed(run_dir) == {"ov"}
+
+    def entity(folder: Path) -> None:
+        xml = folder / "model.xml"
+        head, _, rest = xml.read_text().partition("?>")
+        xml.write_text(head + '?>\n<!DOCTYPE net [<!ENTITY leak SYSTEM "file:///etc/passwd">]>' + rest)
+
+    def short_bin(folder: Path) -> None:
+        weights = folder / "model.bin"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    for damage in (entity, short_bin):
+        damage(run_dir / "ov")
+        code, _, err = cli("run", "recipe.yaml", "--no-rebuild")
+        assert code == 2, err
+        line = one_line_error(err)
+        assert "[ov]" in line and "corrupt" in line
+        code, _, err = cli("run", "recipe.yaml")
+        assert code == 0, err
+        assert "[ov] export_openvino: running (files changed since it was written (corrupt or edited))" in err
+    assert not leftovers(run_dir)
+
+
+def test_kill_in_onnx_lm_export_then_resume(data, tmp_path, cli, monkeypatch):  # noqa: F811
+    """The same for a causal LM's export_onnx_lm: killed the moment its graph appears,
+    nothing is committed; the resume exports again and the run reaches its decision."""
+    from compress.core.registry import registry
+    from tests.lm_fixtures import tiny_causal
+    from tests.run.test_lm_run import _recipe
+
+    pytest.importorskip("optimum")
+    if "export_onnx_lm" not in registry():
+        pytest.skip("no export_onnx_lm stage")
+    recipes = data  # the tiny copies of the eval sets, and the folder for the recipe
+    model = tiny_causal(tmp_path / "tiny_llama")
+    path = _recipe(recipes, model, [{"id": "onnx", "uses": "export_onnx_lm", "with": {"parity_prompts": 2,
+                                                                                       "parity_new_tokens": 4}}],
+                   max_perplexity_increase=100)
+    path.rename(recipes / "recipe.yaml")
+    run_dir = recipes / "artifacts" / "tiny_lm"
+
+    p = start(recipes)
+    wait_for(p, ".tmp/onnx-*/*.onnx", run_dir, timeout=300)
+    kill(p)
+    assert committed(run_dir) == set()
+
+    monkeypatch.chdir(recipes)
+    code, _, err = cli("run", "recipe.yaml", "--no-rebuild")
+    assert code == 2 and "[onnx] export_onnx_lm: no output yet" in one_line_error(err)
+    code, _, err = cli("run", "recipe.yaml")
+    assert code in (0, 3), err  # a decision either way: the tiny random model need not meet the budget
+    assert "[onnx] export_onnx_lm: running (no output yet)" in err and committed(run_dir) == {"onnx"}
+    assert not leftovers(run_dir)
 
 
 def _workers(run_dir: Path) -> list[int]:

@@ -180,3 +180,40 @@ def test_export_from_a_fused_onnx_graph(onnx_dir, tiny_classifier, tiny_data, tm
     result = run_kind("export_openvino", {"parity_examples": 16}, fused, "onnx", tiny_data, tmp_path / "ov",
                       model=tiny_classifier)
     assert result.source == "onnx" and result.parity["max_abs_diff"] < 1e-3
+
+
+# --- A tampered or truncated IR (issue "Hostile inputs, third round", item 9) ----------------
+
+@pytest.mark.parametrize("damage, needle", [
+    ("external_entity", "declares a DTD or entities"),
+    ("xml_cut", "truncated (it does not end its <net> element)"),
+    ("bin_cut", "truncated"),
+    ("bin_empty", "truncated"),
+])
+def test_a_tampered_or_truncated_ir_is_one_line_and_never_loaded(ov_dir, tmp_path, damage, needle):
+    """Outside a run's sealed folders (a folder copied out, a library call): the IR is checked
+    before OpenVINO reads it. Inside a run the checksums catch the same edits (rebuilt)."""
+    import shutil
+
+    from compress.core.errors import ArtifactError
+    from compress.formats import load_predictor
+
+    folder = tmp_path / "ov"
+    shutil.copytree(ov_dir, folder)
+    xml, weights = folder / "model.xml", folder / "model.bin"
+    if damage == "external_entity":
+        text = xml.read_text()
+        head, _, rest = text.partition("?>")
+        xml.write_text(head + '?>\n<!DOCTYPE net [<!ENTITY leak SYSTEM "file:///etc/passwd">]>' + rest.replace(
+            'name="', 'name="&leak;', 1))
+    elif damage == "xml_cut":
+        xml.write_bytes(xml.read_bytes()[: xml.stat().st_size // 2])
+    elif damage == "bin_cut":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size - 16])
+    else:
+        weights.write_bytes(b"")
+    with pytest.raises(ArtifactError) as exc:
+        load_predictor("openvino", folder, "cpu", 1)
+    message = str(exc.value)
+    assert needle in message and "\n" not in message
+    assert ("model.xml" if damage in ("external_entity", "xml_cut") else "model.bin") in message

@@ -64,3 +64,29 @@ def test_a_cascade_folder_answers_through_its_members(tmp_path, tokenizer_dir):
 def test_a_missing_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such variant folder"):
         load_classifier(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("edit", ["config", "weights_cut", "file_gone"])
+def test_a_sealed_variant_whose_files_changed_is_refused_not_loaded(tmp_path, tokenizer_dir, edit):
+    """A stage folder with its completion marker is loaded only while its files match it: an
+    edited, truncated or half-removed variant is one line, not a model quietly served."""
+    from compress.core.errors import ArtifactError
+    from compress.data.artifacts import ArtifactStore
+
+    store = ArtifactStore(tmp_path / "run")
+    tmp = store.begin("student")
+    _classifier_folder(tmp, tokenizer_dir, 0)
+    store.commit("student", tmp, "fp", "hf")
+    folder = tmp_path / "run" / "student"
+    assert folder_format(folder) == "hf"
+    if edit == "config":
+        config = json.loads((folder / "config.json").read_text())
+        config["id2label"] = {"0": "positive", "1": "negative"}  # valid, and wrong
+        (folder / "config.json").write_text(json.dumps(config))
+    elif edit == "weights_cut":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        (folder / "tokenizer.json").unlink()
+    with pytest.raises(ArtifactError, match="files changed since it was written.*not loaded"):
+        load_classifier(folder, threads=1)

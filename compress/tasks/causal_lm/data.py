@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ MC_DELIMITER = " "
 SUMMARY_PROMPT = "Summarize this dialogue:\n{dialogue}"
 # Train dialogues the timing prompts are drawn from (the first ones; never scored).
 PROMPT_SOURCE = "train.jsonl"
+NEWLINE = b"\n"
 
 
 class LMEvalSet(BaseModel):
@@ -39,6 +41,9 @@ class LMEvalSet(BaseModel):
     fingerprint: str  # sha256 of the rows and the scoring settings
     sources: dict[str, dict[str, Any]]  # eval name -> {"path", "items", ...} for the report manifest
     notes: list[str] = []
+    # eval name -> the line in its file of each of its rows, in order (samsum, prompt): for
+    # errors found once a tokenizer is at hand; not part of the fingerprint.
+    lines: dict[str, list[int]] = {}
 
     def describe(self) -> dict[str, dict[str, Any]]:
         """What the report manifest records of the data: per eval, its file and item count."""
@@ -84,29 +89,98 @@ class LMEvalSet(BaseModel):
 def _file(base_dir: Path, rel: str, key: str, name: str = "") -> Path:
     path = (base_dir / rel / name) if name else (base_dir / rel)
     if not path.is_file():
+        if path.is_symlink() and not path.exists():  # a loop or a dangling link is not a missing file
+            try:
+                path.stat()
+            except OSError as exc:
+                import errno
+
+                if exc.errno == errno.ELOOP:
+                    raise DataError(f"{key}: {path} is a symlink loop (a link that leads back to itself); "
+                                    f"point {key} at a real file") from exc
+            raise DataError(f"{key}: {path} is a symlink to '{os.readlink(path)}', which does not exist")
         raise DataError(f"{key}: {path} not found; point {key} at the folder or file that holds it")
     return path
 
 
-def _jsonl(path: Path, key: str, limit: int | None = None) -> list[dict]:
-    rows = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{key}: {path} line {n} is not JSON ({exc.msg}); it must be JSON Lines") from exc
-            if limit is not None and len(rows) >= limit:
-                break
+def _decode(raw: bytes, path: Path, key: str, line: int, offset: int = 0) -> str:
+    """One line (or a whole file) of UTF-8 text; a binary or non-UTF-8 file is its error, naming the line."""
+    if b"\x00" in raw:
+        at = line + raw.count(NEWLINE, 0, raw.index(b"\x00"))
+        raise DataError(f"{key}: {path} line {at}: a NUL byte; this is a binary file, "
+                        f"not UTF-8 text")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = line + raw.count(NEWLINE, 0, exc.start)
+        raise DataError(f"{key}: {path} line {at}: not UTF-8 text (byte "
+                        f"0x{raw[exc.start]:02x} at offset {offset + exc.start}); re-encode the file as UTF-8") from exc
+
+
+def _read_text(path: Path, key: str) -> str:
+    """A whole text file, checked: readable, UTF-8 (a leading BOM dropped), not binary, not empty."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{key}: cannot read {path} ({exc.strerror or exc.__class__.__name__})") from exc
+    text = _decode(raw, path, key, 1).removeprefix("\ufeff")
+    if not text.strip():
+        raise DataError(f"{key}: {path} is empty; point {key} at a file that holds the data")
+    return text
+
+
+def _jsonl(path: Path, key: str, limit: int | None = None) -> list[tuple[int, dict]]:
+    """(line number, object) of the first `limit` rows of a JSON Lines file (blank lines
+    skipped). Every fault is a DataError naming the file and the line: bytes that are not
+    UTF-8 text, a line that is not JSON or not a JSON object, a file without rows."""
+    rows: list[tuple[int, dict]] = []
+    offset = 0
+    try:
+        with path.open("rb") as fh:
+            for n, raw in enumerate(fh, 1):
+                line = _decode(raw, path, key, n, offset)
+                offset += len(raw)
+                if n == 1:
+                    line = line.removeprefix("\ufeff")
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line)
+                except (json.JSONDecodeError, RecursionError) as exc:
+                    why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+                    raise DataError(f"{key}: {path} line {n} is not JSON ({why}); it must be JSON Lines") from exc
+                if not isinstance(doc, dict):
+                    raise DataError(f"{key}: {path} line {n} is a JSON {type(doc).__name__}, not an object; each line "
+                                    f"must be one JSON object")
+                rows.append((n, doc))
+                if limit is not None and len(rows) >= limit:
+                    break
+    except OSError as exc:
+        raise DataError(f"{key}: cannot read {path} ({exc.strerror or exc.__class__.__name__})") from exc
+    if not rows:
+        raise DataError(f"{key}: {path} is empty (no JSON rows); point {key} at a file that holds the data")
     return rows
 
 
-def wikitext_text(path: Path) -> str:
+def _field(doc: dict, name: str, where: str, kind: type | tuple = str) -> Any:
+    """doc[name], which must be of `kind` (bool is never an int here); DataError naming the row."""
+    if name not in doc:
+        raise DataError(f"{where}: no '{name}' field (fields: {', '.join(map(str, list(doc)[:8])) or 'none'})")
+    value = doc[name]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        want = "text" if kind is str else "a list" if kind is list else "an object" if kind is dict else "text or a number"
+        raise DataError(f"{where}: '{name}' is {str(json.dumps(value))[:40]}, not {want}")
+    return value
+
+
+def _row_id(doc: dict, where: str) -> str:
+    return str(_field(doc, "id", where, (str, int)))
+
+
+def wikitext_text(path: Path, key: str = "lm.perplexity.path") -> str:
     """The file's lines (CRLF) joined with a blank line between them, as the Hugging Face
     perplexity recipe joins the split's rows."""
-    lines = path.read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
+    lines = _read_text(path, key).replace("\r\n", "\n").split("\n")
     while lines and not lines[-1]:
         lines.pop()
     return "\n\n".join(lines)
@@ -114,25 +188,66 @@ def wikitext_text(path: Path) -> str:
 
 def arc_rows(path: Path, key: str, max_items: int | None) -> list[dict]:
     rows = []
-    for doc in _jsonl(path, key, max_items):
-        try:
-            q = doc["question"]
-            labels = [c["label"] for c in q["choices"]]
-            rows.append({"eval": "arc_easy", "id": doc["id"], "context": MC_TEMPLATE.format(question=q["stem"]),
-                         "choices": [c["text"] for c in q["choices"]], "gold": labels.index(doc["answerKey"])})
-        except (KeyError, ValueError, TypeError) as exc:
-            raise DataError(f"{key}: {path} row {doc.get('id', '?')} is not an ARC question "
-                                f"({exc.__class__.__name__}: {exc})") from exc
+    for n, doc in _jsonl(path, key, max_items):
+        where = f"{key}: {path} line {n}"
+        qid = _row_id(doc, where)
+        where = f"{key}: {path} line {n} (question {qid[:40]})"
+        q = _field(doc, "question", where, dict)
+        stem = _field(q, "stem", f"{where}: question")
+        choices = _field(q, "choices", f"{where}: question", list)
+        if len(choices) < 2:
+            raise DataError(f"{where}: {len(choices)} choice(s); a multiple-choice question needs two or more")
+        texts, labels = [], []
+        for j, c in enumerate(choices):
+            if not isinstance(c, dict):
+                raise DataError(f"{where}: choice {j + 1} is not an object with 'text' and 'label'")
+            texts.append(_field(c, "text", f"{where}: choice {j + 1}"))
+            labels.append(str(_field(c, "label", f"{where}: choice {j + 1}", (str, int))))
+        if len(set(labels)) != len(labels):
+            raise DataError(f"{where}: the choices' labels ({', '.join(labels)}) repeat one; each names one choice")
+        answer = str(_field(doc, "answerKey", where, (str, int)))
+        if answer not in labels:  # scored as always wrong otherwise
+            raise DataError(f"{where}: answerKey '{answer[:20]}' is not one of the choices' labels ({', '.join(labels)})")
+        rows.append({"eval": "arc_easy", "id": qid, "context": MC_TEMPLATE.format(question=stem),
+                     "choices": texts, "gold": labels.index(answer)})
     return rows
 
 
 def piqa_rows(folder: Path, key: str, max_items: int | None) -> list[dict]:
-    docs = _jsonl(_file(folder, "dev.jsonl", key), key, max_items)
-    labels = _file(folder, "dev-labels.lst", key).read_text().split()
-    if len(labels) < len(docs):
-        raise DataError(f"{key}: {folder}/dev-labels.lst has {len(labels)} labels for {len(docs)} questions")
-    return [{"eval": "piqa", "id": d["id"], "context": MC_TEMPLATE.format(question=d["goal"]),
-             "choices": [d["sol1"], d["sol2"]], "gold": int(labels[i])} for i, d in enumerate(docs)]
+    dev = _file(folder, "dev.jsonl", key)
+    docs = _jsonl(dev, key, max_items)
+    label_file = _file(folder, "dev-labels.lst", key)
+    lines = _read_text(label_file, key).replace("\r\n", "\n").split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    labels = []
+    for n, text in enumerate(lines, 1):
+        if text.strip() not in ("0", "1"):  # two solutions: any other label is scored as always wrong
+            raise DataError(f"{key}: {label_file} line {n}: label {text.strip()[:20]!r} is not 0 or 1 (PIQA's two "
+                            f"solutions, sol1 and sol2)")
+        labels.append(int(text))
+    read_all = max_items is None or len(docs) < max_items
+    if len(labels) < len(docs) or (read_all and len(labels) != len(docs)):
+        raise DataError(f"{key}: {label_file} has {len(labels)} labels for the {len(docs)} questions of {dev}; "
+                        f"they must pair up line by line")
+    rows = []
+    for i, (n, d) in enumerate(docs):
+        where = f"{key}: {dev} line {n}"
+        rows.append({"eval": "piqa", "id": _row_id(d, where), "context": MC_TEMPLATE.format(question=_field(d, "goal", where)),
+                     "choices": [_field(d, "sol1", where), _field(d, "sol2", where)], "gold": labels[i]})
+    return rows
+
+
+def dialogue_rows(path: Path, key: str, limit: int | None, summaries: bool = True) -> list[tuple[int, dict]]:
+    """(line number, {"id", "dialogue"[, "summary"]}) of SAMSum rows, each field checked."""
+    out = []
+    for n, d in _jsonl(path, key, limit):
+        where = f"{key}: {path} line {n}"
+        row = {"id": _row_id(d, where), "dialogue": _field(d, "dialogue", where)}
+        if summaries:
+            row["summary"] = _field(d, "summary", where)
+        out.append((n, row))
+    return out
 
 
 def summary_prompt(dialogue: str) -> str:
@@ -146,6 +261,7 @@ def load_lm_evals(spec: LMSpec, base_dir: Path) -> LMEvalSet:
     rows: list[dict] = []
     sources: dict[str, dict] = {}
     notes: list[str] = []
+    lines: dict[str, list[int]] = {}
 
     ppl = spec.perplexity
     path = _file(base_dir, ppl.path, "lm.perplexity.path")
@@ -175,40 +291,50 @@ def load_lm_evals(spec: LMSpec, base_dir: Path) -> LMEvalSet:
     if summ is not None:
         key = "lm.summarization.path"
         path = _file(base_dir, summ.path, key)
-        docs = _jsonl(path, key, summ.max_items)
-        for d in docs:
-            rows.append({"eval": "samsum", "id": str(d["id"]), "prompt": summary_prompt(d["dialogue"]),
+        docs = dialogue_rows(path, key, summ.max_items)
+        for n, d in docs:
+            rows.append({"eval": "samsum", "id": d["id"], "prompt": summary_prompt(d["dialogue"]),
                          "summary": d["summary"]})
+            lines.setdefault("samsum", []).append(n)
         sources["samsum"] = {"path": str(path), "items": len(docs), "prompt": SUMMARY_PROMPT,
                              "max_new_tokens": summ.max_new_tokens}
 
-    rows.extend(timing_prompts(spec, base_dir, notes))
-    sources["prompts"] = {"items": spec.timing.prompts, "new_tokens": spec.timing.new_tokens,
+    prompts, prompt_src, prompt_lines = _timing_prompts(spec, base_dir, notes)
+    rows.extend(prompts)
+    lines["prompt"] = prompt_lines
+    sources["prompts"] = {"path": str(prompt_src), "items": spec.timing.prompts, "new_tokens": spec.timing.new_tokens,
                           "batch_sizes": spec.timing.batch_sizes, "max_prompt_tokens": spec.timing.max_prompt_tokens}
 
     digest = hashlib.sha256()
     digest.update(json.dumps(spec.model_dump(mode="json", exclude={"memory_tiers"}), sort_keys=True).encode())
     for r in rows:
         digest.update(json.dumps(r, sort_keys=True, ensure_ascii=False).encode())
-    return LMEvalSet(rows=rows, fingerprint=digest.hexdigest(), sources=sources, notes=notes)
+    return LMEvalSet(rows=rows, fingerprint=digest.hexdigest(), sources=sources, notes=notes, lines=lines)
 
 
 def timing_prompts(spec: LMSpec, base_dir: Path, notes: list[str]) -> list[dict]:
     """Real prompts for the generation timings: chat requests to summarise SAMSum train
     dialogues (never scored), else validation dialogues past the scored ones."""
+    return _timing_prompts(spec, base_dir, notes)[0]
+
+
+def _timing_prompts(spec: LMSpec, base_dir: Path, notes: list[str]) -> tuple[list[dict], Path, list[int]]:
+    """(the prompt rows, the file they came from, each one's line in it)."""
     n = spec.timing.prompts
     summ_path = (spec.summarization or SummarySpec()).path
     folder = (base_dir / summ_path).parent
     train = folder / PROMPT_SOURCE
+    key = "lm.summarization.path"
     if train.is_file():
-        docs = _jsonl(train, "lm.summarization.path", n)
+        src = train
+        docs = dialogue_rows(train, key, n, summaries=False)
     else:
-        val = _file(base_dir, summ_path, "lm.summarization.path")
+        src = _file(base_dir, summ_path, key)
         skip = spec.summarization.max_items if spec.summarization is not None else 0
-        docs = _jsonl(val, "lm.summarization.path", skip + n)[skip:]
+        docs = dialogue_rows(src, key, skip + n, summaries=False)[skip:]
         notes.append(f"timing prompts: {train} not found; validation dialogues {skip}..{skip + len(docs) - 1} used")
     if len(docs) < n:
         raise DataError(f"lm.timing.prompts: {n} prompts asked for, {len(docs)} dialogues found beside "
                             f"{folder}; lower lm.timing.prompts")
-    return [{"eval": "prompt", "id": str(d["id"]), "prompt": summary_prompt(d["dialogue"])} for d in docs]
-
+    rows = [{"eval": "prompt", "id": d["id"], "prompt": summary_prompt(d["dialogue"])} for _, d in docs]
+    return rows, src, [line for line, _ in docs]

@@ -90,13 +90,50 @@ def cache_folder(gguf: Path) -> Path:
 
 
 def converted(gguf: Path) -> Converted | None:
-    """The converted folder of `gguf` when it is complete, else None (nothing imported)."""
+    """The converted folder of `gguf` when it is complete, else None (nothing imported):
+    its source record is there and every file it lists has the size recorded (a folder
+    damaged or emptied since, or one of an older version without the list, is rebuilt)."""
     folder = cache_folder(gguf)
     try:
         info = json.loads((folder / SOURCE_FILE).read_text())
+        files = info["files"]
+        if not isinstance(files, dict) or not files or any(
+                not isinstance(size, int) or (folder / name).stat().st_size != size for name, size in files.items()):
+            return None
         return Converted(folder, gguf, info["sha256"], info["quantization"], dict(info["tensor_types"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
+
+
+def _file_sizes(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+class _ConversionLock:
+    """One conversion of a file at a time (an flock beside its cache folder): a second run
+    converting the same GGUF waits, then finds the folder the first one wrote."""
+
+    def __init__(self, folder: Path):
+        self.path = folder.parent / f".{folder.name}.lock"
+
+    def __enter__(self):
+        import fcntl
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a+")
+        except OSError as exc:
+            raise ModelSourceError(f"model.source: cannot write the GGUF cache {self.path.parent} "
+                                   f"({exc.strerror or exc.__class__.__name__}); set {CACHE_ENV} to a writable "
+                                   f"folder") from exc
+        fcntl.flock(self._fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        fcntl.flock(self._fh, fcntl.LOCK_UN)
+        self._fh.close()
 
 
 class _no_progress_bars:
@@ -116,8 +153,9 @@ class _no_progress_bars:
 def convert(gguf: Path, log=lambda m: None) -> Converted:
     """The converted folder of `gguf`, converting it first when the cache has none. The
     folder is written under a temporary name and renamed when complete, so a run killed
-    halfway leaves no folder that looks done (and two runs converting at once both end
-    with one complete folder)."""
+    halfway leaves no folder that looks done; runs converting the same file take turns (a
+    lock), and a folder left incomplete (no source record, a file of the wrong size) is
+    replaced rather than trusted or left in the way."""
     done = converted(gguf)
     if done is not None:
         return done
@@ -126,40 +164,54 @@ def convert(gguf: Path, log=lambda m: None) -> Converted:
     except ImportError as exc:
         raise ModelSourceError(f"model.source: '{gguf.name}' is a GGUF file; reading it needs the gguf package "
                                f"(pip install gguf)") from exc
+    folder = cache_folder(gguf)
+    with _ConversionLock(folder):
+        done = converted(gguf)  # another run converted it while this one waited
+        if done is not None:
+            return done
+        # Holding the lock, every temporary folder of this file is a dead run's.
+        for stale in folder.parent.iterdir():
+            if stale.name.startswith(f".{folder.name}.") and stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+        log(f"  converting {gguf.name} to a transformers folder (once; cached in {folder})")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            _write_converted(gguf, tmp)
+            if folder.exists() or folder.is_symlink():  # incomplete (converted() said so): replace it
+                trash = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old.", dir=folder.parent))
+                folder.rename(trash / "folder")
+                shutil.rmtree(trash, ignore_errors=True)
+            tmp.rename(folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    done = converted(gguf)
+    if done is None:
+        raise ModelSourceError(f"model.source: the conversion of '{gguf}' in {folder} did not stay complete; "
+                               f"check the disk, or set {CACHE_ENV} to another folder")
+    return done
+
+
+def _write_converted(gguf: Path, out: Path) -> None:
+    """The transformers folder of `gguf` written into `out`, its source record last."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = cache_folder(gguf)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    log(f"  converting {gguf.name} to a transformers folder (once; cached in {folder})")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        try:
-            # transformers' GGUF reader draws its own tqdm bar per tensor; the line above says it all
-            with _no_progress_bars():
-                model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False)
-                tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
-        except Exception as exc:  # an architecture transformers' GGUF reader does not know, a damaged file
-            raise ModelSourceError(f"model.source: transformers cannot convert '{gguf}' "
-                                   f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "
-                                   f"use a GGUF of an architecture transformers reads (llama, qwen2, gpt2 ...)") from exc
-        _fix_special_tokens(tokenizer, gguf)
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)  # the chat template travels in tokenizer_config.json / chat_template.jinja
-        types = tensor_types(gguf)
-        info = {"gguf": gguf.name, "sha256": _sha256(gguf), "quantization": _dominant(types), "tensor_types": types,
-                "transformers": _transformers_version()}
-        (tmp / SOURCE_FILE).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
-        try:
-            tmp.rename(folder)
-        except OSError:  # another process finished first: keep its folder
-            if converted(gguf) is None:
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    done = converted(gguf)
-    assert done is not None
-    return done
+        # transformers' GGUF reader draws its own tqdm bar per tensor; the caller's line says it all
+        with _no_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+    except Exception as exc:  # an architecture transformers' GGUF reader does not know, a damaged file
+        raise ModelSourceError(f"model.source: transformers cannot convert '{gguf}' "
+                               f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "
+                               f"use a GGUF of an architecture transformers reads (llama, qwen2, gpt2 ...)") from exc
+    _fix_special_tokens(tokenizer, gguf)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)  # the chat template travels in tokenizer_config.json / chat_template.jinja
+    types = tensor_types(gguf)
+    info = {"gguf": gguf.name, "sha256": _sha256(gguf), "quantization": _dominant(types), "tensor_types": types,
+            "transformers": _transformers_version(), "files": _file_sizes(out)}
+    (out / SOURCE_FILE).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
 
 
 def _fix_special_tokens(tokenizer, gguf: Path) -> None:

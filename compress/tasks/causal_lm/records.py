@@ -18,7 +18,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class PerplexitySpec(_Strict):
+class _Setting(_Strict):
+    # The recipe's `lm` block: every float is finite (`gb: .inf` would plan against infinite
+    # memory), as in the recipe's other blocks. Not the measurement records: a diverged
+    # model's perplexity may be infinite, and is reported as such.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class PerplexitySpec(_Setting):
     path: str = Field("../../shared/data/wikitext2/wiki.test.raw",
                       description="Raw text file (relative to the recipe); its lines are joined as the Hugging Face recipe does.")
     context: PositiveInt = Field(512, description="Tokens per scored window.")
@@ -27,19 +34,19 @@ class PerplexitySpec(_Strict):
     max_windows: PositiveInt | None = Field(None, description="Score the first N windows only (None: the whole file).")
 
 
-class ChoiceSpec(_Strict):
+class ChoiceSpec(_Setting):
     name: Literal["arc_easy", "piqa"] = Field(description="Which zero-shot multiple-choice set.")
     path: str = Field(description="Folder of the set (relative to the recipe), as in ../shared/data.")
     max_items: PositiveInt | None = Field(None, description="Score the first N questions only.")
 
 
-class SummarySpec(_Strict):
+class SummarySpec(_Setting):
     path: str = Field("../../shared/data/samsum/validation.jsonl", description="SAMSum JSON Lines (relative to the recipe).")
     max_items: PositiveInt = Field(20, description="Dialogues summarised (greedy decoding is the slow part).")
     max_new_tokens: PositiveInt = Field(64, description="Longest summary generated.")
 
 
-class TimingSpec(_Strict):
+class TimingSpec(_Setting):
     prompts: PositiveInt = Field(8, description="Real prompts (chat-templated dialogues) timed at batch 1.")
     new_tokens: PositiveInt = Field(64, description="Tokens generated per prompt when timing (eos ignored).")
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 4, 16],
@@ -47,12 +54,12 @@ class TimingSpec(_Strict):
     max_prompt_tokens: PositiveInt = Field(256, description="Prompts are cut to their last N tokens.")
 
 
-class MemoryTierSpec(_Strict):
+class MemoryTierSpec(_Setting):
     name: str = Field(description="Tier name in the report (e.g. `gpu-16GB`).")
     gb: float = Field(gt=0, description="Fast memory of the tier, in GB (1e9 bytes).")
 
 
-class LMSpec(_Strict):
+class LMSpec(_Setting):
     """What every causal-LM variant is scored and timed on."""
 
     perplexity: PerplexitySpec = Field(default_factory=PerplexitySpec)

@@ -13,6 +13,7 @@ generation), so every runtime is scored the same way.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,47 @@ def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
     else:
         text = SUMMARY_FALLBACK.format(prompt=prompt)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def check_prompt_lengths(evals: Any, spec: LMSpec, folder: Path, trust_remote_code: bool = False) -> None:
+    """Before any stage: every summarised dialogue, as the model's chat template puts it, with
+    `max_new_tokens` after it, fits the model's positions (config.json's position table);
+    past it, generation crashes mid-benchmark or runs on positions the model never learned.
+    DataError naming the file and the line of the first dialogue too long. Nothing is checked
+    when the model's config or tokenizer cannot be read (the model checks name that)."""
+    import json
+
+    from compress.core.errors import DataError
+    from compress.recipe.peek import position_limit
+
+    summ, rows = spec.summarization, evals.of("samsum")
+    if summ is None or not rows:
+        return
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+        limit = position_limit(config) if isinstance(config, dict) else None
+    except (OSError, ValueError):
+        return
+    if limit is None:
+        return
+    most, why = limit
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except Exception:  # a broken tokenizer is check_model_folder's to name
+        return
+    lines = evals.lines.get("samsum", [])
+    path = evals.sources.get("samsum", {}).get("path", summ.path)
+    for i, row in enumerate(rows):
+        n = len(chat_ids(tokenizer, row["prompt"]))
+        if n + summ.max_new_tokens > most:
+            line = lines[i] if i < len(lines) else i + 1
+            raise DataError(
+                f"lm.summarization.path: {path} line {line}: dialogue {str(row['id'])[:40]} is {n} tokens as the "
+                f"model's chat prompt, {n + summ.max_new_tokens} with lm.summarization.max_new_tokens "
+                f"{summ.max_new_tokens}: more than the model takes ({most}: {why}); lower max_new_tokens or "
+                f"lm.summarization.max_items, or drop the dialogue")
 
 
 # --- perplexity

@@ -87,6 +87,15 @@ def _split_file(folder: Path, split: str) -> Path:
             candidate = folder / f"{name}{suffix}"
             if candidate.is_file():
                 return candidate
+            # A loop, a link to nothing or a folder so named: say so, not "no file for split".
+            if candidate.is_symlink() and not candidate.exists():
+                from compress.recipe.peek import missing_path_reason
+
+                why = missing_path_reason(candidate).replace("a real folder", "a real file")
+                raise DataError(f"{folder}: the file for split '{split}' cannot be read: {why}")
+            if candidate.exists():
+                raise DataError(f"{folder}: the file for split '{split}', {candidate.name}, is not a regular file "
+                                f"(a folder or a device); replace it with the split's data file")
     have = sorted(p.name for p in folder.iterdir() if p.suffix in SUFFIXES)
     raise DataError(
         f"{folder}: no file for split '{split}' (looked for {split}.tsv/.csv/.jsonl/.parquet; found: "
@@ -385,12 +394,32 @@ class Data:
         hold = spec.holdout
         self.holdout_calibration = self.holdout_check = None
         if hold.calibration or hold.check:
-            carved, dropped = carve_sentences(self.train_full, hold.calibration + hold.check, spec.seed)
+            asked = hold.calibration + hold.check
+            carved, dropped = carve_sentences(self.train_full, asked, spec.seed)
+            self._check_holdout(asked, len(carved), len(dropped))
             self.holdout_calibration = self.train_full.select(carved[: hold.calibration])
             self.holdout_check = self.train_full.select(carved[hold.calibration:])
             self.holdout_dropped = len(dropped)
             order = order[~np.isin(order, dropped)]
         return order
+
+    # The most of the training split that data.holdout may take (the sentences and every
+    # phrase of them): past it, what is left to train on is no longer the data asked for.
+    MAX_HOLDOUT_SHARE = 0.75
+
+    def _check_holdout(self, asked: int, carved: int, dropped: int) -> None:
+        """Before any stage: the holdout gets the sentences it asks for and leaves training rows."""
+        hold, total, src = self.spec.holdout, len(self.train_full), self.sources["train"]
+        what = f"data.holdout asks for {asked} whole sentences (calibration {hold.calibration} + check {hold.check})"
+        if carved < asked:
+            raise DataError(f"{src}: {what}, but the training split has only {carved} (of {total} rows); lower "
+                            f"data.holdout.calibration / data.holdout.check")
+        if dropped >= total or dropped > self.MAX_HOLDOUT_SHARE * total:
+            left = "none" if dropped >= total else f"{total - dropped}"
+            raise DataError(f"{src}: {what}; with every phrase of them that takes {dropped} of the {total} training "
+                            f"rows ({dropped / total:.0%}), leaving {left} to train on (at most "
+                            f"{self.MAX_HOLDOUT_SHARE:.0%} may be held out); lower data.holdout.calibration / "
+                            f"data.holdout.check")
 
     def _map_labels(self, head: list[str] | None) -> None:
         """Sets num_labels, label_names (None: unnamed integers) and int64 ids in both splits
@@ -532,21 +561,76 @@ class Data:
         }
 
 
+class _SpanIndex:
+    """Which rows are contiguous word spans of which, without spelling out a single span.
+
+    An Aho-Corasick automaton over the rows' word sequences (every row a pattern), scanned
+    over chosen rows: each node's `best` is the longest scanned row in which the node's words
+    occur, found by walking each scanned row once and carrying the figure up the failure
+    links. Time and memory are linear in the number of words, so a 3,000-word row costs
+    3,000 steps rather than its 4.5 million spans (each a string as long as the row)."""
+
+    def __init__(self, texts: list[str]):
+        from collections import deque
+
+        vocab: dict[str, int] = {}
+        self.words = [[vocab.setdefault(w, len(vocab)) for w in t.split()] for t in texts]
+        self.width = width = len(vocab) + 1
+        goto: dict[int, int] = {}  # node * width + word -> child
+        children: list[list[tuple[int, int]]] = [[]]
+        self.node = []  # row -> the node its words end at
+        for ws in self.words:
+            q = 0
+            for w in ws:
+                nxt = goto.get(q * width + w)
+                if nxt is None:
+                    nxt = goto[q * width + w] = len(children)
+                    children.append([])
+                    children[q].append((w, nxt))
+                q = nxt
+            self.node.append(q)
+        fail = [0] * len(children)
+        order: list[int] = []  # breadth first: a node's failure link is always shallower
+        queue = deque(v for _, v in children[0])
+        while queue:
+            u = queue.popleft()
+            order.append(u)
+            for w, v in children[u]:
+                f = fail[u]
+                while f and f * width + w not in goto:
+                    f = fail[f]
+                fail[v] = goto.get(f * width + w, 0)
+                queue.append(v)
+        self.goto, self.fail, self.order = goto, fail, order
+
+    def longest_container(self, rows) -> list[int]:
+        """Per node, the word count of the longest of `rows` (indices) its words occur in (0: none)."""
+        goto, fail, width = self.goto, self.fail, self.width
+        best = [0] * len(fail)
+        for r in rows:
+            ws = self.words[r]
+            n, q = len(ws), 0
+            for w in ws:
+                while q and q * width + w not in goto:
+                    q = fail[q]
+                q = goto.get(q * width + w, 0)
+                if best[q] < n:
+                    best[q] = n
+        for u in reversed(self.order):
+            if best[fail[u]] < best[u]:
+                best[fail[u]] = best[u]
+        return best
+
+
 def whole_rows(texts: list[str]) -> np.ndarray:
     """Indices of rows whose words are not a contiguous span of a longer row's [n].
 
     Treebank data (SST-2) lists each sentence and then every phrase of its parse as rows of
-    their own; the sentences are the rows no other row contains. O(sum of len^2) string
-    spans: seconds for SST-2's 67k rows. Written here because no data library knows
-    phrase-level treebank rows."""
-    tokens = [" ".join(t.split()) for t in texts]
-    spans: set[str] = set()
-    for t in tokens:
-        w = t.split()
-        for i in range(len(w)):
-            for j in range(i + 1, len(w) + 1 - (i == 0)):  # every proper span
-                spans.add(" ".join(w[i:j]))
-    return np.array([i for i, t in enumerate(tokens) if t and t not in spans], dtype=np.int64)
+    their own; the sentences are the rows no other row contains. Linear in the words of the
+    split (_SpanIndex). Written here because no data library knows phrase-level treebank rows."""
+    index = _SpanIndex(texts)
+    best = index.longest_container(range(len(texts)))
+    return np.array([i for i, ws in enumerate(index.words) if ws and best[index.node[i]] <= len(ws)], dtype=np.int64)
 
 
 def carve_sentences(split: Split, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -557,20 +641,18 @@ def carve_sentences(split: Split, n: int, seed: int) -> tuple[np.ndarray, np.nda
     recall, not generalisation. A whole sentence is a row whose tokens are not a
     contiguous span of a longer row's (rows of text pairs are all whole). Returns
     (the picked rows in a seeded order [n'], every row to keep out of training: the
-    picked ones and each row whose text is a span of one of them [m]). Written here
-    because no data library knows phrase-level treebank rows.
+    picked ones and each row whose text is a span of one of them [m]). Linear in the words
+    of the split. Written here because no data library knows phrase-level treebank rows.
     """
     rng = np.random.default_rng(seed + 1)  # not the training order's stream
-    tokens = [" ".join(t.split()) for t in split.texts]
-    whole = np.arange(len(tokens)) if split.pairs is not None else whole_rows(split.texts)
-    picked = whole[rng.permutation(len(whole))[: min(n, len(whole))]]
     if split.pairs is not None:
+        whole = np.arange(len(split))
+        picked = whole[rng.permutation(len(whole))[: min(n, len(whole))]]
         return picked, picked
-    inside: set[str] = set()
-    for i in picked:
-        w = tokens[i].split()
-        for a in range(len(w)):
-            for b in range(a + 1, len(w) + 1):
-                inside.add(" ".join(w[a:b]))
-    dropped = np.array([i for i, t in enumerate(tokens) if t in inside], dtype=np.int64)
+    index = _SpanIndex(split.texts)
+    best = index.longest_container(range(len(split)))
+    whole = np.array([i for i, ws in enumerate(index.words) if ws and best[index.node[i]] <= len(ws)], dtype=np.int64)
+    picked = whole[rng.permutation(len(whole))[: min(n, len(whole))]]
+    inside = index.longest_container(picked.tolist())
+    dropped = np.array([i for i, ws in enumerate(index.words) if ws and inside[index.node[i]] > 0], dtype=np.int64)
     return picked, dropped

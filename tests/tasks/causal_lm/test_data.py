@@ -107,3 +107,67 @@ def test_shared_data_counts():
         "summarization": {"path": str(SHARED / "samsum" / "validation.jsonl"), "max_items": 818}}), Path("/"))
     assert (len(es.of("arc_easy")), len(es.of("piqa")), len(es.of("samsum"))) == (570, 1838, 818)
     assert all(r["gold"] in (0, 1) for r in es.of("piqa"))
+
+
+# --- Hostile eval files (issue "Hostile inputs, third round", item 2): every fault is one
+# DataError naming the file and the line, never a KeyError or UnicodeDecodeError (exit 1).
+
+ARC_OK = {"id": "q9", "question": {"stem": "s", "choices": [{"text": "a", "label": "A"}, {"text": "b", "label": "B"}]},
+          "answerKey": "A"}
+
+
+def _jsonl_bytes(*rows) -> bytes:
+    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows)
+
+
+@pytest.mark.parametrize("file, content, needles", [
+    ("wikitext2/wiki.test.raw", b"", ["wiki.test.raw", "empty"]),
+    ("wikitext2/wiki.test.raw", b" \r\n \r\n", ["wiki.test.raw", "empty"]),
+    ("wikitext2/wiki.test.raw", b"first line\r\n\x00\x01\x02\xff", ["wiki.test.raw", "line 2", "binary"]),
+    ("wikitext2/wiki.test.raw", b"caf\xe9\r\nok\r\n", ["wiki.test.raw", "line 1", "not UTF-8"]),
+    ("arc_easy/dev.jsonl", _jsonl_bytes(ARC_OK, b"{not json"), ["dev.jsonl", "line 2", "not JSON"]),
+    ("arc_easy/dev.jsonl", _jsonl_bytes(ARC_OK, [1, 2]), ["dev.jsonl", "line 2", "not an object"]),
+    ("arc_easy/dev.jsonl", _jsonl_bytes({"id": "q1", "answerKey": "A"}), ["dev.jsonl", "line 1", "'question'"]),
+    ("arc_easy/dev.jsonl", _jsonl_bytes({**ARC_OK, "question": {"stem": "s", "choices": "AB"}}),
+     ["dev.jsonl", "line 1", "'choices'"]),
+    ("arc_easy/dev.jsonl", _jsonl_bytes({**ARC_OK, "answerKey": "E"}), ["dev.jsonl", "line 1", "answerKey 'E'"]),
+    ("arc_easy/dev.jsonl", _jsonl_bytes({**ARC_OK, "question": {"stem": 3, "choices": []}}), ["dev.jsonl", "line 1", "'stem'"]),
+    ("arc_easy/dev.jsonl", b"\xff\xfe{}\n", ["dev.jsonl", "line 1", "not UTF-8"]),
+    ("arc_easy/dev.jsonl", b"\n\n", ["dev.jsonl", "empty"]),
+    ("piqa/dev-labels.lst", b"0\n2\n", ["dev-labels.lst", "line 2", "not 0 or 1"]),
+    ("piqa/dev-labels.lst", b"0\nyes\n", ["dev-labels.lst", "line 2", "not 0 or 1"]),
+    ("piqa/dev-labels.lst", b"0\n1\n1\n", ["dev-labels.lst", "3 labels for the 2 questions"]),
+    ("piqa/dev-labels.lst", b"", ["dev-labels.lst", "empty"]),
+    ("piqa/dev.jsonl", _jsonl_bytes({"id": "p1", "goal": "g", "sol1": "a"}, {"id": "p2", "goal": "g", "sol1": "a", "sol2": "b"}),
+     ["piqa/dev.jsonl", "line 1", "'sol2'"]),
+    ("samsum/validation.jsonl", _jsonl_bytes({"id": "1", "summary": "s"}), ["validation.jsonl", "line 1", "'dialogue'"]),
+    ("samsum/validation.jsonl", _jsonl_bytes({"id": "1", "dialogue": "d", "summary": "s"}, b'{"id": "2", "dialogue": "caf\xe9"}'),
+     ["validation.jsonl", "line 2", "not UTF-8"]),
+    ("samsum/validation.jsonl", _jsonl_bytes({"id": True, "dialogue": "d", "summary": "s"}), ["validation.jsonl", "line 1", "'id'"]),
+    ("samsum/train.jsonl", _jsonl_bytes({"id": "t1", "dialogue": ["Ann: hi"]}), ["train.jsonl", "line 1", "'dialogue'"]),
+    ("samsum/train.jsonl", b"\x00" * 64, ["train.jsonl", "line 1", "binary"]),
+])
+def test_a_broken_eval_file_is_one_line_naming_the_file_and_the_line(data: Path, file, content, needles):
+    (data.parent / "data" / file).write_bytes(content)
+    s = spec(multiple_choice=[{"name": "arc_easy", "path": "../data/arc_easy"}, {"name": "piqa", "path": "../data/piqa"}])
+    with pytest.raises(DataError) as exc:
+        load_lm_evals(s, data)
+    message = str(exc.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+
+
+def test_an_eval_file_that_is_a_symlink_loop_says_so(data: Path):
+    wiki = data.parent / "data" / "wikitext2" / "wiki.test.raw"
+    wiki.unlink()
+    wiki.symlink_to(wiki)
+    with pytest.raises(DataError, match="symlink loop"):
+        load_lm_evals(spec(), data)
+
+
+def test_a_bom_and_integer_ids_are_read(data: Path):
+    path = data.parent / "data" / "samsum" / "validation.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + _jsonl_bytes({"id": 7, "dialogue": "Ann: hi", "summary": "Ann says hi."},
+                                                   {"id": 8, "dialogue": "Bob: yo", "summary": "Bob says yo."}))
+    assert [r["id"] for r in load_lm_evals(spec(), data).of("samsum")] == ["7", "8"]

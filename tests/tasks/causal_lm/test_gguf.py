@@ -155,7 +155,7 @@ def test_a_killed_conversion_leaves_no_folder_that_looks_done(tmp_path, monkeypa
     monkeypatch.setattr(gguf, "tensor_types", lambda p: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         gguf.convert(path)
-    assert gguf.converted(path) is None and not any(cache.iterdir())
+    assert gguf.converted(path) is None and not [p for p in cache.iterdir() if not p.name.endswith(".lock")]
 
 
 def test_bits_of_gguf_types():
@@ -180,3 +180,72 @@ def test_smollm2_package_converts(monkeypatch, tmp_path):
 
     tok = AutoTokenizer.from_pretrained(model.path)
     assert tok.eos_token == "<|im_end|>" and "<|im_start|>" in (tok.chat_template or "")
+
+
+# --- The cache at its edges (issue "Hostile inputs, third round", item 6) --------------------
+
+@pytest.mark.parametrize("damage", ["no_record", "partial", "truncated_weights", "record_of_an_older_version"])
+def test_an_incomplete_cache_folder_is_rebuilt_not_an_error(tmp_path, cache, damage):
+    """A folder in the cache's place that is not a whole conversion (a copy cut short, files
+    lost, a source record without the file list) is replaced by a fresh conversion."""
+    path = write_tiny_gguf(tmp_path / "m")
+    folder = gguf.cache_folder(path)
+    if damage == "no_record":
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    else:
+        gguf.convert(path)
+        weights = folder / "model.safetensors"
+        if damage == "partial":
+            (folder / gguf.SOURCE_FILE).unlink()
+            weights.write_bytes(weights.read_bytes()[:100])
+        elif damage == "truncated_weights":
+            weights.write_bytes(weights.read_bytes()[:100])
+        else:
+            info = json.loads((folder / gguf.SOURCE_FILE).read_text())
+            del info["files"]
+            (folder / gguf.SOURCE_FILE).write_text(json.dumps(info))
+    assert gguf.converted(path) is None  # never trusted as it is
+    done = gguf.convert(path)
+    assert done.path == folder and gguf.converted(path) is not None
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as fh:  # whole again
+        assert len(list(fh.keys())) > 10
+    assert sorted(p.name for p in cache.iterdir()) == sorted([folder.name, f".{folder.name}.lock"])
+
+
+def test_two_runs_converting_one_gguf_at_once_take_turns(tmp_path, cache, monkeypatch):
+    """The second waits for the first's lock, then uses its folder: one conversion, one
+    complete folder, no temporary folders left."""
+    import threading
+    import time
+
+    path = write_tiny_gguf(tmp_path / "m")
+    real, calls, active, most = gguf.tensor_types, [], [0], [0]
+
+    def slow_types(p):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        calls.append(p)
+        time.sleep(0.5)  # inside the conversion: the other run starts meanwhile
+        active[0] -= 1
+        return real(p)
+
+    monkeypatch.setattr(gguf, "tensor_types", slow_types)
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(gguf.convert(path))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert len(results) == 2 and results[0] == results[1] and len(calls) == 1 and most[0] == 1
+    assert sorted(p.name for p in cache.iterdir()) == sorted([results[0].path.name, f".{results[0].path.name}.lock"])

@@ -234,3 +234,33 @@ def test_real_model_small_measurement(tmp_path):
     assert 0 <= arc.value <= 100 and arc.items == 8
     assert sam.items == 1 and figs.ttft_ms["p50"] > 0
     assert figs.memory_plan.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
+
+
+def test_a_dialogue_too_long_for_the_models_positions_is_refused_before_any_stage(tmp_path):
+    """Known once a tokenizer is at hand (validation cannot tokenize): the runner checks every
+    summarised dialogue, chat template and max_new_tokens included, before the stages run."""
+    import json
+
+    from compress.core.errors import DataError
+    from compress.tasks.causal_lm.data import load_lm_evals
+    from compress.tasks.causal_lm.records import LMSpec
+    from compress.tasks.causal_lm.task import check_prompt_lengths
+
+    model = tmp_path / "model"
+    causal_tokenizer().save_pretrained(model)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 64}))
+    (tmp_path / "wiki.raw").write_text(" = Title = \n the cat sat on the mat\n")
+    rows = [{"id": "a", "dialogue": "Ann: hi", "summary": "Ann greets."},
+            {"id": "long", "dialogue": "Ann: " + "the cat sat on the mat " * 40, "summary": "Ann talks."}]
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "train.jsonl").write_text(json.dumps({"id": "t", "dialogue": "Bob: yo", "summary": "-"}) + "\n")
+    spec = LMSpec.model_validate({"perplexity": {"path": "wiki.raw"}, "timing": {"prompts": 1},
+                                  "summarization": {"path": "validation.jsonl", "max_items": 2, "max_new_tokens": 8}})
+    evals = load_lm_evals(spec, tmp_path)
+    with pytest.raises(DataError) as exc:
+        check_prompt_lengths(evals, spec, model)
+    message = str(exc.value)
+    assert "validation.jsonl line 2" in message and "dialogue long" in message and "(64: max_position_embeddings 64)" in message
+    short = LMSpec.model_validate({**spec.model_dump(), "summarization": {"path": "validation.jsonl", "max_items": 1,
+                                                                          "max_new_tokens": 8}})
+    check_prompt_lengths(load_lm_evals(short, tmp_path), short, model)  # the first dialogue fits

@@ -307,3 +307,102 @@ def test_a_local_copy_of_a_dataset_configuration(tmp_path, monkeypatch):
     monkeypatch.setenv("COMPRESS_DATA_DIR", str(tmp_path))
     assert Data(spec("nyu-mll/glue", config="mnli"), tmp_path).num_labels == 3
     assert Data(spec("nyu-mll/glue", config="sst2"), tmp_path).num_labels == 2
+
+
+# --- data.holdout at the edges, and a split file that cannot be read (issue "Hostile inputs,
+# third round", items 4 and 8) ------------------------------------------------------------
+
+def _reference_whole_rows(texts):
+    """The definition, spelled out (every proper span of every row): for small inputs only."""
+    tokens = [" ".join(t.split()) for t in texts]
+    spans = set()
+    for t in tokens:
+        w = t.split()
+        for i in range(len(w)):
+            for j in range(i + 1, len(w) + 1 - (i == 0)):
+                spans.add(" ".join(w[i:j]))
+    return [i for i, t in enumerate(tokens) if t and t not in spans]
+
+
+def test_whole_rows_and_carved_phrases_match_the_definition():
+    import random
+
+    from compress.tasks.classification.data import Split, carve_sentences, whole_rows
+
+    rng = random.Random(0)
+    words = ["a", "b", "c", "d", "film", "good"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 7))) for _ in range(400)]
+    texts += ["a a a a a", "a a", "  a   b  ", "a b"]  # repeats, odd spacing, duplicates
+    assert whole_rows(texts).tolist() == _reference_whole_rows(texts)
+    split = Split(texts, None, np.zeros(len(texts), dtype=np.int64))
+    picked, dropped = carve_sentences(split, 30, seed=3)
+    inside = set()
+    for i in picked:
+        w = texts[i].split()
+        inside |= {" ".join(w[a:b]) for a in range(len(w)) for b in range(a + 1, len(w) + 1)}
+    assert dropped.tolist() == [i for i, t in enumerate(texts) if " ".join(t.split()) in inside]
+
+
+def test_the_phrase_search_is_linear_in_the_data():
+    """A 3,000-word row has 4.5 million spans, a 100k-row split 100k rows to match: neither
+    may stall the run before its first stage (the spans are never spelled out)."""
+    import signal
+    import time
+
+    from compress.tasks.classification.data import Split, carve_sentences, whole_rows
+
+    def too_slow(*_):
+        raise TimeoutError("the phrase search stalled")
+
+    long_row = " ".join(f"w{i % 700}" for i in range(3000))
+    many = [f"row {i} says {i % 97} of {i % 13}" for i in range(100_000)]
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(180)  # the test fails rather than hangs the suite
+    try:
+        start = time.perf_counter()
+        texts = [long_row, long_row[: len(long_row) // 2], "w1 w2 w3"] + many
+        whole = whole_rows(texts)
+        picked, dropped = carve_sentences(Split(texts, None, np.zeros(len(texts), dtype=np.int64)), 500, seed=0)
+        seconds = time.perf_counter() - start
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert 0 in whole and 1 not in whole and 2 not in whole  # the half and the three words are spans of the row
+    assert len(picked) == 500 and len(dropped) >= 500
+    assert seconds < 60, f"{seconds:.1f}s"  # ~2 s unloaded; spelling out the 3,000-word row's spans took minutes and tens of GB
+
+
+def test_a_holdout_that_takes_too_much_of_the_training_split_is_refused_with_the_counts(tmp_path):
+    from compress.recipe.schema import HoldoutSpec
+
+    dev = [(f"an unseen sentence {i}", i % 2) for i in range(5)]
+    rows = [(f"sentence number {i}", i % 2) for i in range(20)]
+    root = folder(tmp_path, rows, dev)
+    with pytest.raises(DataError) as exc:  # all 20 rows: none left to train on
+        Data(spec(root, holdout=HoldoutSpec(calibration=10, check=10)), tmp_path)
+    assert "takes 20 of the 20 training rows" in str(exc.value) and "leaving none" in str(exc.value)
+    with pytest.raises(DataError) as exc:  # 16 of 20 rows: more than the share allowed
+        Data(spec(root, holdout=HoldoutSpec(calibration=8, check=8)), tmp_path)
+    assert "16 of the 20 training rows (80%)" in str(exc.value) and "data.holdout" in str(exc.value)
+    with pytest.raises(DataError) as exc:  # more sentences asked for than the split has
+        Data(spec(root, holdout=HoldoutSpec(check=25)), tmp_path)
+    assert "asks for 25 whole sentences" in str(exc.value) and "only 20" in str(exc.value)
+    assert len(Data(spec(root, holdout=HoldoutSpec(calibration=5, check=5)), tmp_path).train) == 10
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling", "folder"])
+def test_a_split_file_that_cannot_be_read_says_why(tmp_path, kind):
+    folder(tmp_path, synthetic_rows(20, 0), synthetic_rows(5, 1))
+    dev = tmp_path / "dev.tsv"
+    dev.unlink()
+    if kind == "loop":
+        dev.symlink_to(dev)
+    elif kind == "dangling":
+        dev.symlink_to(tmp_path / "gone.tsv")
+    else:
+        dev.mkdir()
+    with pytest.raises(DataError) as exc:
+        Data(spec(tmp_path), tmp_path)
+    message = str(exc.value)
+    assert "no file for split" not in message and "dev.tsv" in message
+    assert {"loop": "symlink loop", "dangling": "does not exist", "folder": "not a regular file"}[kind] in message
