@@ -161,3 +161,27 @@ def test_money_keeps_significant_digits_at_every_scale():
     assert money(1.23456) == "1.23"
     assert money(12345.6) == "12,346"
     assert money(None) == "-" and money(0.0) == "0"
+
+
+def test_reports_and_model_cards_are_never_written_through_links(tmp_path):
+    """A run folder from a restored cache or a shared disk may hold links where the reports,
+    their `.part` temporaries or a model card's temporary go: the files they point to,
+    outside the run folder, stay as they were, and the reports become regular files (so
+    that a later run does not write through them again)."""
+    from compress.data.artifacts import MARKER
+    from compress.reports.model_card import write_model_cards
+
+    run = tmp_path / "run"
+    (run / "int8").mkdir(parents=True)
+    (run / "int8" / MARKER).write_text("{}")
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    for name in ("report.md", "report.json.part", "junit.xml.part", ".int8.README.md.part"):
+        (run / name).symlink_to(target)
+    (run / "int8" / "README.md").symlink_to(target)
+    write_reports(_report(), run)
+    assert write_model_cards(_report(), run) == [run / "int8" / "README.md"]
+    assert target.read_text() == "precious"
+    for path in (run / "report.md", run / "report.json", run / "junit.xml", run / "int8" / "README.md"):
+        assert path.is_file() and not path.is_symlink(), path
+    assert not list(run.glob("*.part")) and not list(run.glob(".*.part"))
