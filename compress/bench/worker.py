@@ -436,9 +436,9 @@ def main() -> None:
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         result = Measurement(ok=False, error=f"{exc.__class__.__name__}: {first}"[:300])
-    tmp = Path(out_path + ".part")
-    tmp.write_text(result.dump_json())
-    tmp.rename(out_path)
+    from compress.core.files import write_file
+
+    write_file(Path(out_path), result.dump_json())
 
 
 if __name__ == "__main__":
