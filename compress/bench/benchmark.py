@@ -339,10 +339,11 @@ def run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
     out_path.unlink(missing_ok=True)
     start = time.perf_counter()
     tail: collections.deque[str] = collections.deque(maxlen=20)
-    with subprocess.Popen(
+    proc = subprocess.Popen(
         [*worker_command(), str(spec_path), str(out_path)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace",
-    ) as proc:
+    )
+    try:
         assert proc.stderr is not None
         for line in proc.stderr:  # until the worker exits
             if line.startswith(PROGRESS_PREFIX):
@@ -351,6 +352,18 @@ def run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
             elif line.strip():
                 tail.append(line.strip())
         returncode = proc.wait()
+    except BaseException:
+        # Ctrl-C or SIGTERM (the CLI turns it into KeyboardInterrupt) while the worker runs:
+        # stop it and wait for it before the run goes on to exit. Popen's own exit on
+        # KeyboardInterrupt waits a quarter second and leaves the worker running, so the run
+        # would tear down its interpreter while its child still held the pipe and wrote into
+        # bench/.
+        stop_worker(proc)
+        out_path.unlink(missing_ok=True)
+        spec_path.unlink(missing_ok=True)
+        raise
+    finally:
+        proc.stderr.close()
     kind = RoundTimes if job.latency_only else Measurement
     result = None
     if out_path.is_file():
@@ -368,6 +381,28 @@ def run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
     out_path.unlink(missing_ok=True)
     spec_path.unlink(missing_ok=True)
     return result
+
+
+# Seconds a stopped worker gets to exit on SIGTERM before it is killed.
+STOP_SECONDS = 5.0
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    """Ends a benchmark worker and reaps it: SIGTERM (on which it exits at once, see
+    compress/bench/worker.py), then SIGKILL if it is still there after STOP_SECONDS. A
+    second Ctrl-C meanwhile kills it instead of leaving it behind."""
+    try:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def worker_command() -> list[str]:

@@ -232,9 +232,14 @@ def init(
 
 def _on_sigterm(signum, frame) -> None:
     """SIGTERM (a CI job cancelled, `kill`, a container stopped) ends the run as Ctrl-C does:
-    the stage being written is discarded, the benchmark worker is killed with it
-    (subprocess.run kills its child on the way out; the worker also dies with its parent),
-    and one line is printed."""
+    the stage being written is discarded, the benchmark worker is stopped and reaped
+    (compress/bench/benchmark.py, stop_worker; it also dies with its parent), and one line
+    is printed. Only the first one raises: another SIGTERM while that clean-up runs (a CI
+    runner or a supervisor often sends several) would interrupt it halfway, leaving the
+    worker running, a heartbeat thread writing while the interpreter shuts down, and a
+    traceback instead of the line."""
+    if _state.get("terminated"):
+        return
     _state["terminated"] = True
     raise KeyboardInterrupt
 

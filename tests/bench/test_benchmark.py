@@ -282,3 +282,34 @@ def test_bench_files_are_never_written_through_links(tmp_path, monkeypatch):
 
 
 _REAL_RUN_WORKER = benchmark.run_worker
+
+
+def test_an_interrupted_benchmark_stops_and_reaps_its_worker(tmp_path, monkeypatch):
+    """Ctrl-C, or SIGTERM (which the CLI turns into KeyboardInterrupt), while a worker runs:
+    the worker is stopped and waited for before the run goes on to exit, not left running
+    (Popen's own exit on KeyboardInterrupt waits a quarter second and returns), and its job
+    file is removed."""
+    import os
+    import sys
+
+    from compress.bench.measure import BenchJob
+    from compress.bench.worker import PROGRESS_PREFIX
+
+    pid_file = tmp_path / "worker.pid"
+    monkeypatch.setattr(benchmark, "worker_command", lambda: [sys.executable, "-c", (
+        "import os, sys, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        f"sys.stderr.write({PROGRESS_PREFIX!r} + 'started\\n'); sys.stderr.flush()\n"
+        "time.sleep(120)\n")])
+
+    def interrupt(line):
+        raise KeyboardInterrupt  # as the CLI's SIGTERM handler does, mid-benchmark
+
+    job = BenchJob(format="hf", path=str(tmp_path / "m"), device="cpu", threads=1, batch_sizes=[1],
+                   max_length=8, warmup=0, max_latency_examples=1, eval_file=str(tmp_path / "x.jsonl"))
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.run_worker(job, tmp_path, "v", "cpu", 1, log=interrupt)
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # gone and reaped (a zombie would still answer)
+        os.kill(pid, 0)
+    assert not (tmp_path / "v.cpu.spec.json").exists()
