@@ -158,9 +158,17 @@ def test_only_the_first_sigterm_interrupts_so_the_clean_up_runs_to_its_end(monke
     from compress.cli import main as cli_mod
 
     monkeypatch.setattr(cli_mod, "_state", {"debug": False})
-    with pytest.raises(KeyboardInterrupt):
-        cli_mod._on_sigterm(signal.SIGTERM, None)
-    cli_mod._on_sigterm(signal.SIGTERM, None)  # during the clean-up: no second interrupt
-    with pytest.raises(SystemExit) as exc:
-        cli_mod._interrupted()
-    assert exc.value.code == 143
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, cli_mod._on_sigterm)
+        with pytest.raises(KeyboardInterrupt):
+            cli_mod._on_sigterm(signal.SIGTERM, None)
+        cli_mod._on_sigterm(signal.SIGTERM, None)  # during the clean-up: no second interrupt
+        # Ignored from here to the exit: Python puts the default action back for its own handlers
+        # when the interpreter shuts down, and a SIGTERM then would kill the run (-15).
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        with pytest.raises(SystemExit) as exc:
+            cli_mod._interrupted()
+        assert exc.value.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, before)
