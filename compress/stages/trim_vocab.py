@@ -441,8 +441,8 @@ def run(ctx) -> Result:
              f"entry and were re-split{' or became ' + str(tok.unk_token) if unk_after > unk_before else ''}; "
              f"{changed:.1%} of eval examples tokenize differently"]
     if dropped > 0.01:
-        notes.append(f"{dropped:.1%} of eval tokens lost their vocabulary entry (re-split or [UNK]); "
-                     f"consider {coverage_hint(cfg, model_type, len(ctx.data.train_unheld), len(split), unk_after > unk_before)}")
+        hint = coverage_hint(cfg, model_type, len(ctx.data.train_unheld), len(split), unk_after > unk_before)
+        notes.append(f"{dropped:.1%} of eval tokens lost their vocabulary entry (re-split or [UNK]); consider {hint}")
     return Result(
         format="hf",
         vocab_before=vocab_before,
