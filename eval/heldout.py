@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +25,38 @@ import numpy as np
 
 
 def main() -> int:
+    """Exit 0; 2 with one line on stderr for input it cannot use (a run without report.json,
+    a recipe that does not validate); 1 when the baseline cannot be scored."""
+    from compress.core.errors import CompressError
+
+    try:
+        return _main()
+    except CompressError as exc:
+        if os.environ.get("COMPRESS_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return exc.exit_code
+
+
+def intact(run_dir: Path, vid: str, model_id: str) -> str:
+    """'' when variant `vid` of the run may be scored, else why not: its id names no folder
+    of the run (an edited report.json: `../elsewhere`), or its folder lacks a valid
+    completion marker or no longer matches it (rebuilt, corrupt or edited since the run).
+    The recipe's own model (`model_id`) lives outside the run folder and has none."""
+    from compress.data.artifacts import ArtifactStore
+    from compress.recipe.schema import SAFE_ID
+
+    if vid == model_id:
+        return ""
+    if not SAFE_ID.match(vid):
+        return "its id names no folder of the run"
+    if (run_dir / vid).is_symlink():
+        return "its folder is a symbolic link"
+    marker, why = ArtifactStore(run_dir).check(vid)
+    return "" if marker is not None else why
+
+
+def _main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("recipe")
     ap.add_argument("--artifacts", default="artifacts")
@@ -37,7 +70,7 @@ def main() -> int:
     from compress.tasks.classification.data import Data
     from compress.decision.decide import Policy, decide, rescored, stability, stability_note
     from compress.bench.measure import BenchJob, JobOptions, Measurement
-    from compress.recipe.schema import BenchmarkSpec, BudgetSpec, load_recipe
+    from compress.recipe.schema import MODEL_ID, BenchmarkSpec, BudgetSpec, load_recipe
     from compress.reports.report_json import read_report
     from compress.core.task import get_task
 
@@ -61,14 +94,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         eval_file = write_eval_file(check, folder, recipe.task)
-        for r in rows:
+        for k, r in enumerate(rows):
+            why = intact(run_dir, r.id, MODEL_ID)
+            if why:  # scoring it would score something other than what the run measured
+                print(f"{r.id}: not scored: {why}; run `compress run {args.recipe}` again")
+                results[r.id] = Measurement(ok=False, error=f"not scored: {why}")
+                continue
             job = BenchJob(
-                format=r.format, path=str(run_dir / r.id) if r.id != "model" else report.manifest.model["path"],
+                format=r.format, path=str(run_dir / r.id) if r.id != MODEL_ID else report.manifest.model["path"],
                 device=args.device, threads=bench.threads, batch_sizes=[1], max_length=bench.max_length,
                 warmup=bench.warmup, max_latency_examples=1, latency_repeats=1, eval_file=str(eval_file),
                 options=JobOptions(cuda_dtype=bench.cuda_dtype), task=recipe.task,
             )
-            results[r.id] = run_worker(job, folder, r.id, args.device, bench.threads)
+            # The worker's files in `folder` are named by position, never by the id the report gives.
+            results[r.id] = run_worker(job, folder, f"v{k}", "heldout", bench.threads)
 
     base_id = report.budget.baseline
     base = results.get(base_id)

@@ -85,7 +85,9 @@ def make_report(results: dict[str, dict], labels: np.ndarray, recipe: Policy | N
 
 
 def write_run(folder: Path, report: dict, results: dict[str, dict], labels: np.ndarray) -> Path:
-    """A run folder as the runner leaves it: reports plus the benchmark measurements and eval file."""
+    """A run folder as the runner leaves it: reports plus the benchmark measurements (sealed,
+    as the runner caches them) and eval file."""
+    from compress.data.artifacts import sealed
     from compress.reports.render import write_reports
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,7 +97,7 @@ def write_run(folder: Path, report: dict, results: dict[str, dict], labels: np.n
     (bench / f"eval-{fp[:16]}.jsonl").write_text(
         "".join(json.dumps({"text": f"s{i}", "label": int(y)}) + "\n" for i, y in enumerate(labels)))
     for vid, r in results.items():
-        (bench / f"{vid}.cpu.json").write_text(json.dumps(r))
+        (bench / f"{vid}.cpu.json").write_text(json.dumps(sealed(r)))
     report = {**report, "run_dir": str(folder)}
     write_reports(report, folder)
     return folder

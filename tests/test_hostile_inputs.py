@@ -313,6 +313,27 @@ def test_a_malformed_report_json_is_one_line_for_report_gate_and_compare(cli, tm
         assert "malformed report.json" in _one_line(err)
 
 
+@pytest.mark.parametrize("edit,problem", [
+    (lambda r: r["rows"][1]["latency_ms"].update(p50=float("nan")), "rows.1.latency_ms.p50 is not a finite number"),
+    (lambda r: r["rows"][0].update(accuracy=float("inf")), "rows.0.accuracy is not a finite number"),
+    (lambda r: r["rows"][1].update(delta_ci95=[float("-inf"), 1.0]), "rows.1.delta_ci95.0 is not a finite number"),
+    (lambda r: r.update(task={"name": "causal-lm"}), "schema_version 1 does not match its content: task (causal-lm)"),
+    (lambda r: r["rows"][1].update(examples_to_pass=500), "rows.1.examples_to_pass first appears in schema 5"),
+])
+def test_a_forged_report_json_is_one_line_for_report_gate_and_compare(cli, tmp_path, edit, problem):
+    """A NaN or an infinity (compress writes null for those) or a field newer than the
+    report's schema_version: put there by hand or by another tool, never trusted."""
+    good = _valid_report(tmp_path / "good")
+    bad = _valid_report(tmp_path / "bad")
+    report = json.loads((bad / "report.json").read_text())
+    edit(report)
+    (bad / "report.json").write_text(json.dumps(report))  # json writes NaN, Infinity, -Infinity
+    for args in (("report", bad), ("gate", bad, "--variant", "int8"), ("compare", good, bad), ("compare", bad, good)):
+        code, _, err = cli(*args)
+        assert code == 2, f"{args[0]}: exit {code}\n{err}"
+        assert problem in _one_line(err)
+
+
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder", "huge"])
 def test_a_recipe_that_is_not_a_small_regular_file_is_refused_without_reading_it(cli, tmp_path, monkeypatch, kind):
     """A FIFO (reading it would wait for a writer forever), /dev/zero (endless), a folder, or a

@@ -5,6 +5,7 @@ benchmark settings, eval data and machine are unchanged is not measured again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
@@ -15,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from compress.data.artifacts import digest, is_sealed, sealed
+from compress.data.artifacts import digest, file_sha256, is_sealed, sealed
 from compress.core.console import heartbeat, progress_seconds
+from compress.core.files import real_folder, write_file
 from compress.formats import CPU_ONLY
 from compress.bench.measure import BenchJob, JobOptions, Measurement, PairedSpeedup, PairRef, RoundTimes
 from compress.core.task import DEFAULT_TASK, get_task
@@ -79,14 +81,23 @@ def cuda_available() -> bool:
 
 def write_eval_file(data: "Data", folder: Path, task: str = DEFAULT_TASK) -> Path:
     """The eval split as the worker reads it: one JSON object per example, the task's columns."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"eval-{data.eval_fingerprint[:16]}.jsonl"
-    if not path.exists():
-        lines = [json.dumps(row, ensure_ascii=False) for row in get_task(task).eval_rows(data.eval)]
-        tmp = path.with_suffix(".part")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.rename(path)
-    return path
+    return _eval_file(data, folder, task)[0]
+
+
+def _eval_file(data: "Data", folder: Path, task: str) -> tuple[Path, bool]:
+    """(the eval file, whether one was there with other content). A file kept from an earlier
+    run is reused only while it holds exactly the eval split's rows, checked against its
+    sha256: its name carries the data's fingerprint, but a file edited since (a label
+    changed by hand or by another tool) would have variants scored on labels the data does
+    not have. Such a file is written again."""
+    path = real_folder(folder) / f"eval-{data.eval_fingerprint[:16]}.jsonl"
+    lines = [json.dumps(row, ensure_ascii=False) for row in get_task(task).eval_rows(data.eval)]
+    body = ("\n".join(lines) + "\n").encode("utf-8")
+    kept = path.is_file() and not path.is_symlink()
+    if kept and file_sha256(path) == hashlib.sha256(body).hexdigest():
+        return path, False
+    write_file(path, body)
+    return path, kept
 
 
 def run_benchmarks(
@@ -115,7 +126,12 @@ def run_benchmarks(
             notes.append("cuda: no GPU present; GPU benchmark skipped")
             continue
         devices.append(d)
-    eval_file = write_eval_file(data, folder, task)
+    eval_file, edited = _eval_file(data, folder, task)
+    if edited and not force:
+        # Measurements cached beside it may have been scored on the edited rows.
+        log(f"  {eval_file.name}: differs from the eval split (edited since it was written); written again, "
+            f"and every variant measured again")
+        force = True
     results: dict[tuple[str, str], Measurement] = {}
     causal = lm is not None
     # A batch larger than the eval split is the whole split: measured (and reported) as that.
@@ -308,11 +324,14 @@ def run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
     from compress.bench.worker import PROGRESS_PREFIX
     from compress.core.console import progress_seconds
 
+    for part in (vid, device):  # the files below are named after them: never a path out of `folder`
+        if not part or part in (".", "..") or any(c in part for c in "/\\\0"):
+            raise ValueError(f"run_worker: {part!r} cannot name a file in {folder}")
     spec_path = folder / f"{vid}.{device}.spec.json"
     out_path = folder / f"{vid}.{device}.worker.json"
     # label and progress_seconds only steer the progress lines: not part of the cache key.
-    spec_path.write_text(job.model_copy(update={"label": label if log else "",
-                                                "progress_seconds": progress_seconds()}).dump_json())
+    write_file(spec_path, job.model_copy(update={"label": label if log else "",
+                                                 "progress_seconds": progress_seconds()}).dump_json())
     env = dict(os.environ)
     # Fix the thread pools of every runtime before it starts (torch, OpenMP, MKL, ORT).
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"})
@@ -320,10 +339,11 @@ def run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
     out_path.unlink(missing_ok=True)
     start = time.perf_counter()
     tail: collections.deque[str] = collections.deque(maxlen=20)
-    with subprocess.Popen(
+    proc = subprocess.Popen(
         [*worker_command(), str(spec_path), str(out_path)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace",
-    ) as proc:
+    )
+    try:
         assert proc.stderr is not None
         for line in proc.stderr:  # until the worker exits
             if line.startswith(PROGRESS_PREFIX):
@@ -332,6 +352,18 @@ def run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
             elif line.strip():
                 tail.append(line.strip())
         returncode = proc.wait()
+    except BaseException:
+        # Ctrl-C or SIGTERM (the CLI turns it into KeyboardInterrupt) while the worker runs:
+        # stop it and wait for it before the run goes on to exit. Popen's own exit on
+        # KeyboardInterrupt waits a quarter second and leaves the worker running, so the run
+        # would tear down its interpreter while its child still held the pipe and wrote into
+        # bench/.
+        stop_worker(proc)
+        out_path.unlink(missing_ok=True)
+        spec_path.unlink(missing_ok=True)
+        raise
+    finally:
+        proc.stderr.close()
     kind = RoundTimes if job.latency_only else Measurement
     result = None
     if out_path.is_file():
@@ -351,6 +383,28 @@ def run_worker(job: BenchJob, folder: Path, vid: str, device: str, threads: int,
     return result
 
 
+# Seconds a stopped worker gets to exit on SIGTERM before it is killed.
+STOP_SECONDS = 5.0
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    """Ends a benchmark worker and reaps it: SIGTERM (on which it exits at once, see
+    compress/bench/worker.py), then SIGKILL if it is still there after STOP_SECONDS. A
+    second Ctrl-C meanwhile kills it instead of leaving it behind."""
+    try:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+        raise
+
+
 def worker_command() -> list[str]:
     """The worker's command line. `python -m` puts the current folder first on the import
     path, so a `torch.py` or `numpy.py` in the folder the run was started from would be
@@ -365,8 +419,6 @@ def _store(path: Path, result: Measurement) -> None:
     """Caches a successful measurement atomically (a run killed here leaves no half file);
     failures are not cached: the next run tries again."""
     if result.ok:
-        part = path.with_suffix(".part")
-        part.write_text(json.dumps(sealed(result.dump())))
-        part.rename(path)
+        write_file(path, json.dumps(sealed(result.dump())), tmp=path.with_suffix(".part"))
     else:
         path.unlink(missing_ok=True)

@@ -407,7 +407,22 @@ def torch_free(job: BenchJob) -> bool:
     return job.format in TORCH_FREE_FORMATS
 
 
+def _default_signals() -> None:
+    """SIGTERM and SIGINT end the worker at once, by the kernel's default action. Python's
+    own SIGINT handling would raise KeyboardInterrupt in the middle of a runtime's call
+    (onnxruntime, OpenVINO, torch, with their thread pools running) and then tear the
+    interpreter down around them, which can crash instead of exiting; and a worker that
+    inherited either signal ignored (a shell's background job ignores SIGINT) would not stop
+    when its run stops it.
+    Nothing is lost: the result is written atomically (an interrupted worker leaves none)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def main() -> None:
+    _default_signals()
     _die_with_parent()
     job_path, out_path = sys.argv[1], sys.argv[2]
     job: BenchJob | None = None
@@ -436,9 +451,9 @@ def main() -> None:
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         result = Measurement(ok=False, error=f"{exc.__class__.__name__}: {first}"[:300])
-    tmp = Path(out_path + ".part")
-    tmp.write_text(result.dump_json())
-    tmp.rename(out_path)
+    from compress.core.files import write_file
+
+    write_file(Path(out_path), result.dump_json())
 
 
 if __name__ == "__main__":

@@ -232,10 +232,22 @@ def init(
 
 def _on_sigterm(signum, frame) -> None:
     """SIGTERM (a CI job cancelled, `kill`, a container stopped) ends the run as Ctrl-C does:
-    the stage being written is discarded, the benchmark worker is killed with it
-    (subprocess.run kills its child on the way out; the worker also dies with its parent),
-    and one line is printed."""
+    the stage being written is discarded, the benchmark worker is stopped and reaped
+    (compress/bench/benchmark.py, stop_worker; it also dies with its parent), and one line
+    is printed. Only the first one counts: any later one (a CI runner or a supervisor often
+    sends several) is ignored from here to the exit. Raised into the clean-up, it would stop
+    it halfway (the worker left running, a traceback instead of the line); arriving while
+    the interpreter shuts down, when Python has put the default action back for a handler
+    of its own, it would kill the run (-15) or run this handler amid the teardown."""
+    import signal
+
+    if _state.get("terminated"):
+        return
     _state["terminated"] = True
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # an ignored signal stays ignored through the teardown
+    except ValueError:  # pragma: no cover - not the main thread
+        pass
     raise KeyboardInterrupt
 
 

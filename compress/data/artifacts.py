@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from compress.core.errors import ArtifactError, CompressError
+from compress.core.files import open_no_follow, real_folder, write_file
 
 MARKER = "_complete.json"
 RESULT = "result.json"
@@ -135,17 +136,13 @@ class ArtifactStore:
         return Artifact(stage_id, folder, marker["format"], marker["fingerprint"], result, digest(files), output)
 
     def begin(self, stage_id: str) -> Path:
-        tmp = self.root / ".tmp" / f"{stage_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
+        tmp = real_folder(self.root / ".tmp") / f"{stage_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
         return tmp
 
     def commit(self, stage_id: str, tmp: Path, fingerprint: str, fmt: str, meta: dict | None = None) -> Artifact:
         marker = sealed({"fingerprint": fingerprint, "format": fmt, "files": _checksums(tmp), **(meta or {})})
-        marker_tmp = tmp / (MARKER + ".part")
-        marker_tmp.write_text(json.dumps(marker, indent=1))
-        with open(marker_tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        marker_tmp.rename(tmp / MARKER)
+        write_file(tmp / MARKER, json.dumps(marker, indent=1), fsync=True)
         final = self.folder(stage_id)
         trash = None
         if final.exists():
@@ -160,8 +157,12 @@ class ArtifactStore:
         shutil.rmtree(tmp, ignore_errors=True)
 
     def sweep(self) -> None:
-        """Remove temporary folders that an interrupted run left behind."""
-        shutil.rmtree(self.root / ".tmp", ignore_errors=True)
+        """Remove temporary folders that an interrupted run left behind (a link there: the
+        link, never the folder it points to)."""
+        tmp = self.root / ".tmp"
+        if tmp.is_symlink():
+            real_folder(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _raise(stage_id: str):
@@ -177,7 +178,9 @@ class RunLock:
 
     def __enter__(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a+")  # not "w": that would blank the holder's pid
+        # Not truncated on open (that would blank the holder's pid), and never through a link:
+        # a .lock restored as one would have its target overwritten with our pid.
+        self._fh = os.fdopen(open_no_follow(self.path), "r+")
         try:
             fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

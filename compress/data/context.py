@@ -54,10 +54,11 @@ class StageContext:
 
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", key):
             raise ValueError(f"cache key {key!r} is not a safe folder name")
-        root = self.cache_root if self.cache_root is not None else self.out.parent.parent / ".cache"
-        folder = root / key
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+        from compress.core.files import real_folder
+
+        root = self.cache_root if self.cache_root is not None else real_folder(self.out.parent.parent / ".cache")
+        # A link in place of the folder (a restored cache) is replaced: nothing is written where it points.
+        return real_folder(root / key)
 
     def progress(self, total: int, description: str) -> Any:
         from compress.core.console import progress

@@ -141,7 +141,7 @@ def write_labels(folder: Path, id2label: dict[int, str]) -> bool:
         return False
     config["id2label"] = {str(i): name for i, name in id2label.items()}
     config["label2id"] = {name: i for i, name in id2label.items()}
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    from compress.core.files import write_file
+
+    write_file(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
     return True

@@ -21,6 +21,8 @@ import json
 import warnings
 from pathlib import Path
 
+from compress.core.files import write_file
+
 QUANT_FILE = "quantized.safetensors"
 FP32_FILE = "model.safetensors"
 SPEC_FILE = "quantization.json"
@@ -83,7 +85,7 @@ def save(model, layers: dict[str, str], fp32_layers: list[str], folder: Path) ->
         fp32[key] = t.detach().contiguous()
     save_file(quantized, str(folder / QUANT_FILE))
     save_file(fp32, str(folder / FP32_FILE))
-    (folder / SPEC_FILE).write_text(json.dumps({"layers": layers, "fp32_layers": fp32_layers}, indent=1))
+    write_file(folder / SPEC_FILE, json.dumps({"layers": layers, "fp32_layers": fp32_layers}, indent=1))
 
 
 def load_model(folder: Path, trust_remote_code: bool = False, causal: bool = False):

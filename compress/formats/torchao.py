@@ -35,6 +35,8 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
+from compress.core.files import write_file
+
 WEIGHTS_FILE = "quantized.pt"
 SPEC_FILE = "quantization.json"
 GROUP_SIZES = (32, 64, 128)
@@ -115,7 +117,7 @@ def save(model, spec: dict, folder: Path) -> None:
     import torch
 
     torch.save(model.state_dict(), folder / WEIGHTS_FILE)
-    (folder / SPEC_FILE).write_text(json.dumps(spec, indent=1) + "\n")
+    write_file(folder / SPEC_FILE, json.dumps(spec, indent=1) + "\n")
 
 
 def load_model(folder: Path, trust_remote_code: bool = False):

@@ -53,9 +53,7 @@ def _run_dir(path: Path) -> Path:
 def _predictions(run_dir: Path, report: Report, vid: str, device: str) -> np.ndarray | None:
     """The task's per-example scores [N] of a variant (classification: correct or not), from
     the run's benchmark folder (its measurement's predictions and the eval file), if kept."""
-    from pydantic import ValidationError
-
-    from compress.bench.measure import Measurement
+    from compress.bench.benchmark import cached_measurement
 
     fp = report.manifest.data.get("eval_fingerprint")
     bench = run_dir / "bench"
@@ -63,10 +61,13 @@ def _predictions(run_dir: Path, report: Report, vid: str, device: str) -> np.nda
     if not fp or not meas.is_file() or not evalf.is_file():
         return None
     task = get_task(report.task_info.name)
+    # A measurement edited or forged since the run (its checksum no longer matches) is not used.
+    m = cached_measurement(meas, None)
+    if m is None:
+        return None
     try:
-        m = Measurement.model_validate({k: v for k, v in json.loads(meas.read_text()).items() if k != "checksum"})
         _, targets = task.read_eval([json.loads(line) for line in evalf.read_text().splitlines() if line])
-    except (KeyError, ValueError, OSError, AttributeError, ValidationError):
+    except (KeyError, ValueError, OSError, AttributeError, TypeError):
         return None
     if m.predictions is None or len(m.predictions) != len(targets):
         return None

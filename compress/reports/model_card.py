@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from compress.core.files import write_file
 from compress.data.artifacts import MARKER, MODEL_CARD
 from compress.reports.report_json import Report, as_report, money
 
@@ -264,11 +265,11 @@ def write_model_cards(report: "Report | dict", run_dir: Path) -> list[Path]:
     run_dir = Path(run_dir)
     for variant in dict.fromkeys(r.id for r in report.rows):
         folder = run_dir / variant
-        if not (folder / MARKER).is_file() or folder.resolve().parent != run_dir.resolve():
+        # A folder that is a link (to a folder elsewhere, or to another variant's) is no output of this run.
+        if folder.is_symlink() or not (folder / MARKER).is_file() or folder.resolve().parent != run_dir.resolve():
             continue
         path = folder / MODEL_CARD
-        tmp = run_dir / f".{variant}.{MODEL_CARD}.part"  # outside the folder: a leftover is no output file
-        tmp.write_text(card(report, variant), encoding="utf-8")
-        tmp.rename(path)
+        # The temporary lies outside the folder: a leftover is no output file.
+        write_file(path, card(report, variant), tmp=run_dir / f".{variant}.{MODEL_CARD}.part")
         written.append(path)
     return written

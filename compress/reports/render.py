@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from compress.core.files import write_file
+
 from compress.reports.report_json import REPORT_JSON, Report, as_report, cost_cell, delta_cell, headers, table_rows
 
 REPORT_MD = "report.md"
@@ -203,8 +205,6 @@ def write_reports(report: "Report | dict", run_dir: Path) -> None:
     renders = ((REPORT_JSON, lambda: json.dumps(data, indent=1, allow_nan=False)), (REPORT_MD, lambda: markdown(record)),
                (junit.JUNIT_XML, lambda: junit.junit_xml(record)), (html_report.REPORT_HTML, lambda: html_report.render(record)))
     for name, render in renders:
-        tmp = run_dir / (name + ".part")
         # backslashreplace: a lone surrogate (a file name that is not UTF-8, decoded with
         # surrogateescape) is written as an escape instead of failing the whole report.
-        tmp.write_text(render(), encoding="utf-8", errors="backslashreplace")
-        tmp.rename(run_dir / name)
+        write_file(run_dir / name, render(), errors="backslashreplace")

@@ -248,8 +248,21 @@ def read_report(path: Path) -> Report:
         raise CompressError(f"{path}: not a valid report.json")
     except OSError as exc:
         raise CompressError(f"{path}: cannot read it ({exc.strerror or exc.__class__.__name__})")
-    if not isinstance(report, dict) or report.get("schema_version") not in SCHEMA_VERSIONS or "rows" not in report:
+    version = report.get("schema_version") if isinstance(report, dict) else None
+    if type(version) is not int or version not in SCHEMA_VERSIONS or "rows" not in report:
         raise CompressError(f"{path}: not a compress report (schema_version {' or '.join(map(str, SCHEMA_VERSIONS))})")
+    # compress writes null where a figure is not finite (render.finite_json): a NaN or an
+    # infinity (1e999 reads as one) was put there by hand or by another tool, and every
+    # comparison against it is false, so a gate would pass or fail on nothing.
+    where = non_finite(report)
+    if where is not None:
+        raise CompressError(f"{path}: {where} is not a finite number (NaN or infinite); compress never writes one: "
+                            f"re-run `compress run` to write the report again")
+    newer = newer_than(report, version)
+    if newer is not None:
+        key, first = newer
+        raise CompressError(f"{path}: schema_version {version} does not match its content: {key} first appears in "
+                            f"schema {first}; re-run `compress run` to write the report again")
     try:
         return Report.model_validate(report)
     except ValidationError as err:
@@ -258,6 +271,49 @@ def read_report(path: Path) -> Report:
     except RecursionError as exc:
         raise CompressError(f"{path}: malformed report.json: nested too deeply; re-run `compress run` to write "
                             f"it again") from exc
+
+
+def non_finite(obj: Any) -> str | None:
+    """Where (`rows.1.latency_ms.p50`) the first NaN or infinity in a JSON value is, or None."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:  # not recursive: a deeply nested file must not overflow the stack here
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where or "the report"
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{where}.{i}" if where else str(i), v) for i, v in reversed(list(enumerate(value))))
+    return None
+
+
+# The first schema_version of each key a report may hold (see SCHEMA_VERSION): a report
+# that claims an older version than its content is edited or forged, and would be read
+# under rules it was not written by (a schema 1 report is sequence classification).
+_ROW_KEYS = {"lm": 3, "perplexity": 3, "examples_to_pass": 5, "large_alone_usd_per_1k": 6, "cost_vs_large": 6,
+             "cost_vs_large_paired": 6}
+_DECISION_KEYS = {"stability": 4, "stability_resamples": 4}
+
+
+def newer_than(report: dict, version: int) -> tuple[str, int] | None:
+    """(key, the schema it first appears in) of the first key in `report` newer than
+    `version`, or None."""
+    found: list[tuple[str, int]] = []
+    if "task" in report:
+        task = report["task"]
+        causal = isinstance(task, dict) and task.get("name") == "causal-lm"
+        found.append(("task (causal-lm)", 3) if causal else ("task", 2))
+    decision = report.get("decision")
+    if isinstance(decision, dict):
+        found += [(f"decision.{k}", v) for k, v in _DECISION_KEYS.items() if k in decision]
+        best = decision.get("best_failed")
+        if isinstance(best, dict):
+            found += [(f"decision.best_failed.{k}", v) for k, v in _ROW_KEYS.items() if k in best]
+    rows = report.get("rows")
+    for i, row in enumerate(rows if isinstance(rows, list) else []):
+        if isinstance(row, dict):
+            found += [(f"rows.{i}.{k}", v) for k, v in _ROW_KEYS.items() if k in row]
+    return next(((k, v) for k, v in found if v > version), None)
 
 
 def _first_problem(err: ValidationError) -> str:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from compress.core.errors import StageError
+from compress.core.files import write_file
 from compress.recipe.schema import BENCHMARKABLE, MODEL_ID
 
 
@@ -149,6 +150,6 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
     report.timing = _timing(stages_info, bench_timing, bench_seconds, time.perf_counter() - t_start)
     write_reports(report, run_dir)
     write_model_cards(report, run_dir)
-    (run_dir / "manifest.json").write_text(json.dumps(report.manifest.model_dump(exclude_unset=True), indent=1,
-                                                      default=str))
+    write_file(run_dir / "manifest.json", json.dumps(report.manifest.model_dump(exclude_unset=True), indent=1,
+                                                     default=str))
     return report.dump()

@@ -268,7 +268,7 @@ def write(model: str, dataset: str, text: str, label: str, output: Path, force: 
     # The folder first: the recipe's relative paths are checked from it.
     output.parent.mkdir(parents=True, exist_ok=True)
     text_out = build(model, dataset, text, label, output, text_pair=text_pair, config=config, guess_pair=guess_pair)
-    tmp = output.with_name(output.name + ".part")
-    tmp.write_text(text_out, encoding="utf-8")
-    tmp.rename(output)
+    from compress.core.files import write_file
+
+    write_file(output, text_out)
     return text_out

@@ -21,6 +21,7 @@ from compress.data.artifacts import RESULT, Artifact, ArtifactStore, RunLock
 from compress.core.console import heartbeat, quiet_libraries, stamped
 from compress.core.console import log as default_log
 from compress.core.errors import ArtifactError, StageError
+from compress.core.files import write_file
 from compress.run.plan import Plan, Step, build_plan, resolve_models
 from compress.recipe.schema import MODEL_ID, Recipe, causal_format
 from compress.core.registry import StageResult, get_stage  # looked up here at run time (tests swap a kind in)
@@ -180,7 +181,7 @@ class _Leader(_Role):
             write_labels(tmp, id2label)
         payload = result.model_dump(mode="json")
         payload["seconds"] = round(seconds, 2)
-        (tmp / RESULT).write_text(_json(payload))
+        write_file(tmp / RESULT, _json(payload))
         return store.commit(step.id, tmp, fp, step.kind.produces, {"stage": step.kind.name})
 
     def committed(self, store: ArtifactStore, step: Step, fp: str, own: Artifact | None) -> Artifact:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pydantic import Field, NonNegativeFloat, PositiveInt, model_validator
 
+from compress.core.files import write_file
 from compress.core.registry import StageConfig, StageKind, StageResult
 
 MEMBER_FORMATS = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit")
@@ -200,7 +201,7 @@ def run(ctx) -> Result:
     notes = routing_notes(calibration["small_share"], cfg, target, large_art.id)
     spec = {"small": _member(small_art), "large": _member(large_art), "threshold": threshold,
             "calibration": calibration}
-    (ctx.out / SPEC_FILE).write_text(json.dumps(spec, indent=1))
+    write_file(ctx.out / SPEC_FILE, json.dumps(spec, indent=1))
     return Result(format="cascade", small=spec["small"], large=spec["large"], threshold=threshold,
                   calibration=calibration, notes=notes)
 

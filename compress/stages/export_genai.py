@@ -101,9 +101,8 @@ def run(ctx) -> Result:
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     if done.returncode != 0:
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise StageError(f"{ctx.stage_id}: the onnxruntime-genai builder failed ({last[0][:200]}); check that it "
-                         "supports this architecture")
+        raise StageError(f"{ctx.stage_id}: the onnxruntime-genai builder failed ({builder_cause(done)}); check that "
+                         "it supports this architecture")
     if minmax:
         try:
             if cfg.precision == "int8":  # the 8-bit grid holds every weight; ORT quantizes Gather at 4 bits only
@@ -134,6 +133,32 @@ def run(ctx) -> Result:
                          f"{cfg.min_identical:g}%); lower with.min_identical or use export_onnx_lm")
     return Result(format="genai", precision=cfg.precision, builder_options=options, size_bytes=built.memory_bytes(),
                   parity=parity)
+
+
+def builder_cause(done) -> str:
+    """Why the builder's process failed, in a phrase: the exception line of its last
+    traceback (`NotImplementedError: The Foo model is not currently supported`), which the
+    builder's own prints, warnings and progress lines after it would otherwise hide; without
+    a traceback its last line of output, or how it ended (a signal: killed, for want of
+    memory say)."""
+    text = "\n".join(t for t in (done.stderr, done.stdout) if t)
+    lines = text.splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if marks:
+        # Frames are indented; the first line after them that is not is the exception.
+        cause = next((ln for ln in lines[marks[-1] + 1:] if ln.strip() and not ln[:1].isspace()), "")
+        if cause:
+            return cause.strip()[:300]
+    if done.returncode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-done.returncode).name
+        except ValueError:
+            name = f"signal {-done.returncode}"
+        return f"killed by {name}"
+    last = [ln.strip() for ln in lines if ln.strip()][-1:]
+    return last[0][:300] if last else f"exit code {done.returncode}, no output"
 
 
 KIND = StageKind(

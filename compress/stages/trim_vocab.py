@@ -441,8 +441,8 @@ def run(ctx) -> Result:
              f"entry and were re-split{' or became ' + str(tok.unk_token) if unk_after > unk_before else ''}; "
              f"{changed:.1%} of eval examples tokenize differently"]
     if dropped > 0.01:
-        notes.append(f"{dropped:.1%} of eval tokens lost their vocabulary entry (re-split or [UNK]); "
-                     f"consider corpus: train_full or a larger keep_top")
+        hint = coverage_hint(cfg, model_type, len(ctx.data.train_unheld), len(split), unk_after > unk_before)
+        notes.append(f"{dropped:.1%} of eval tokens lost their vocabulary entry (re-split or [UNK]); consider {hint}")
     return Result(
         format="hf",
         vocab_before=vocab_before,
@@ -460,6 +460,22 @@ def run(ctx) -> Result:
         recovery=recovery,
         notes=notes,
     )
+
+
+def coverage_hint(cfg: Config, model_type: str, full_texts: int, corpus_texts: int, unk_grew: bool) -> str:
+    """What would keep more eval tokens, among the settings that would change something here:
+    the whole training split only when the corpus is a smaller subset of it, characters
+    only for WordPiece with new [UNK]s, a lower min_count only above 1."""
+    options = []
+    if cfg.corpus != "train_full" and full_texts > corpus_texts:
+        options.append(f"corpus: train_full ({full_texts} training texts instead of {corpus_texts})")
+    if cfg.min_count > 1:
+        options.append(f"a min_count below {cfg.min_count}")
+    if model_type == "WordPiece" and unk_grew and not cfg.keep_characters:
+        options.append("keep_characters: true (unseen words split into characters instead of [UNK])")
+    options.append(f"a keep_top above {cfg.keep_top}" if cfg.keep_top else "keep_top (the commonest entries of the vocabulary)")
+    options.append("`keep` for the words of your domain")
+    return ", ".join(options[:-1]) + " or " + options[-1]
 
 
 KIND = StageKind(

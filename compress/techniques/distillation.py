@@ -193,10 +193,14 @@ def cached_teacher_logits(
                 torch.autocast(torch.device(ctx.device).type, torch.bfloat16, enabled=precision == "bf16"):
             logits = predict_logits(teacher, tokenizer, data, batch_size, ctx.device, on_batch=bar.advance)
         seconds = time.perf_counter() - t0
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-        with open(tmp, "wb") as fh:
-            np.save(fh, logits)
-        os.replace(tmp, path)  # atomic: a reader sees nothing or the whole file
+        import io
+
+        from compress.core.files import write_file
+
+        buf = io.BytesIO()
+        np.save(buf, logits)
+        # atomic (a reader sees nothing or the whole file), never through a link
+        write_file(path, buf.getvalue(), tmp=path.with_name(f".{path.name}.{os.getpid()}.part"))
     np.save(ctx.out / "teacher_logits.npy", logits)
     ctx.log(f"  teacher logits: {'reused from cache' if reused else f'computed in {seconds:.0f}s ({precision})'} ({key})")
     return logits, {"key": key, "reused": reused, "seconds": round(seconds, 2), "examples": int(logits.shape[0]),

@@ -232,3 +232,84 @@ def test_an_onnx_worker_runs_without_importing_torch(tiny_classifier, tiny_data,
     assert onnx.ok, onnx.error
     torch_job = benchmark.run_worker(BenchJob(format="hf", path=str(tiny_classifier), **spec), bench, "h", "cpu", 1)
     assert torch_job.ok is False and "torch was imported" in torch_job.error
+
+
+def test_an_edited_eval_file_is_written_again_and_every_variant_measured_again(tmp_path, monkeypatch):
+    """The eval rows cached in bench/ are checked against the eval split: a label edited in
+    them (by hand or another tool) is neither what the next worker scores against nor a
+    reason to reuse measurements that may have been taken on it."""
+    run, calls = _one_cached_variant(tmp_path, monkeypatch)
+    run()
+    [eval_file] = tmp_path.glob("eval-*.jsonl")
+    original = eval_file.read_text()
+    assert '"label": 1' in original
+    run()
+    assert calls == ["a"]  # intact: measured before, reused
+    eval_file.write_text(original.replace('"label": 1', '"label": 0'))
+    run()
+    assert eval_file.read_text() == original and calls == ["a", "a"]
+
+
+def test_bench_files_are_never_written_through_links(tmp_path, monkeypatch):
+    """The eval file, a cached measurement's temporary and the worker's job file, each a
+    link to a file outside the run folder: that file stays as it was."""
+    import sys
+
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for name in ("eval-" + "f" * 16 + ".jsonl", "a.cpu.part", "v.cpu.spec.json", "v.cpu.worker.json.part"):
+        (bench / name).symlink_to(target)
+    run, _ = _one_cached_variant(bench, monkeypatch)
+    assert run()[("a", "cpu")].ok
+    assert target.read_text() == "precious" and not (bench / ("eval-" + "f" * 16 + ".jsonl")).is_symlink()
+
+    from compress.bench.measure import BenchJob
+
+    monkeypatch.setattr(benchmark, "run_worker", _REAL_RUN_WORKER)
+    # A worker that writes a failed result where the real one would: through its own writer.
+    monkeypatch.setattr(benchmark, "worker_command", lambda: [sys.executable, "-c", (
+        "import sys\nfrom pathlib import Path\nfrom compress.core.files import write_file\n"
+        "assert Path(sys.argv[1]).read_text().startswith('{')\n"
+        "write_file(Path(sys.argv[2]), '{\"ok\": false, \"error\": \"stub\"}')\n")])
+    job = BenchJob(format="hf", path=str(tmp_path / "no_model"), device="cpu", threads=1, batch_sizes=[1],
+                   max_length=8, warmup=0, max_latency_examples=1, eval_file=str(bench / "x.jsonl"))
+    result = benchmark.run_worker(job, bench, "v", "cpu", 1)
+    assert result.error == "stub" and target.read_text() == "precious"
+    with pytest.raises(ValueError):  # the worker's files are named after the variant: never a path out of bench/
+        benchmark.run_worker(job, bench, "../v", "cpu", 1)
+
+
+_REAL_RUN_WORKER = benchmark.run_worker
+
+
+def test_an_interrupted_benchmark_stops_and_reaps_its_worker(tmp_path, monkeypatch):
+    """Ctrl-C, or SIGTERM (which the CLI turns into KeyboardInterrupt), while a worker runs:
+    the worker is stopped and waited for before the run goes on to exit, not left running
+    (Popen's own exit on KeyboardInterrupt waits a quarter second and returns), and its job
+    file is removed."""
+    import os
+    import sys
+
+    from compress.bench.measure import BenchJob
+    from compress.bench.worker import PROGRESS_PREFIX
+
+    pid_file = tmp_path / "worker.pid"
+    monkeypatch.setattr(benchmark, "worker_command", lambda: [sys.executable, "-c", (
+        "import os, sys, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        f"sys.stderr.write({PROGRESS_PREFIX!r} + 'started\\n'); sys.stderr.flush()\n"
+        "time.sleep(120)\n")])
+
+    def interrupt(line):
+        raise KeyboardInterrupt  # as the CLI's SIGTERM handler does, mid-benchmark
+
+    job = BenchJob(format="hf", path=str(tmp_path / "m"), device="cpu", threads=1, batch_sizes=[1],
+                   max_length=8, warmup=0, max_latency_examples=1, eval_file=str(tmp_path / "x.jsonl"))
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.run_worker(job, tmp_path, "v", "cpu", 1, log=interrupt)
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # gone and reaped (a zombie would still answer)
+        os.kill(pid, 0)
+    assert not (tmp_path / "v.cpu.spec.json").exists()

@@ -193,3 +193,39 @@ def test_torch_free_workers_are_onnx_openvino_and_cascades_of_them(tmp_path):
                                                          "large": {"format": large, "path": "b"}, "threshold": 0.9}))
         assert bench_worker.torch_free(job("cascade", folder)) is free
     assert not bench_worker.torch_free(job("cascade", tmp_path / "missing"))
+
+
+def test_the_worker_ends_at_once_on_sigterm_or_ctrl_c_even_when_it_inherited_them_ignored(tmp_path):
+    """SIGTERM or SIGINT ends a worker by the signal's default action: no KeyboardInterrupt
+    raised into a runtime's call and no interpreter teardown around its running threads
+    (which can crash instead of exiting), and a worker started with the signal ignored (a
+    shell's background job ignores SIGINT) still stops when its run stops it. The job file
+    is a FIFO here, so the worker is known to be in its main, blocked reading it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from compress.bench.benchmark import worker_command
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        fifo = tmp_path / f"job-{sig.name}.json"
+        os.mkfifo(fifo)
+        proc = subprocess.Popen(
+            [*worker_command(), str(fifo), str(tmp_path / "out.json")], stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "COMPRESS_BENCH_PARENT": str(os.getpid())},
+            preexec_fn=lambda: (signal.signal(signal.SIGTERM, signal.SIG_IGN), signal.signal(signal.SIGINT, signal.SIG_IGN)))
+        with open(fifo, "w") as writer:  # returns once the worker has opened the job file
+            proc.send_signal(sig)
+            try:
+                code = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                code = None
+                writer.write("{")  # let a worker that ignored the signal go on, and end
+        if code is None:
+            proc.kill()
+            proc.wait()
+        err = proc.stderr.read()
+        proc.stderr.close()
+        assert code == -sig, f"{sig.name}: exit {code}: {err[-500:]}"
+        assert "Traceback" not in err and not (tmp_path / "out.json").exists()

@@ -145,3 +145,30 @@ def test_cli_starts_without_heavy_imports():
             "try:\n    c.main()\nexcept SystemExit: pass\n"
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+
+
+def test_only_the_first_sigterm_interrupts_so_the_clean_up_runs_to_its_end(monkeypatch):
+    """SIGTERM becomes KeyboardInterrupt once; another one while the run stops (a CI runner
+    or a supervisor often sends several) is not raised into that clean-up, which would leave
+    the benchmark worker running and end in a traceback instead of the one line (exit 143)."""
+    import signal
+
+    import pytest
+
+    from compress.cli import main as cli_mod
+
+    monkeypatch.setattr(cli_mod, "_state", {"debug": False})
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, cli_mod._on_sigterm)
+        with pytest.raises(KeyboardInterrupt):
+            cli_mod._on_sigterm(signal.SIGTERM, None)
+        cli_mod._on_sigterm(signal.SIGTERM, None)  # during the clean-up: no second interrupt
+        # Ignored from here to the exit: Python puts the default action back for its own handlers
+        # when the interpreter shuts down, and a SIGTERM then would kill the run (-15).
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        with pytest.raises(SystemExit) as exc:
+            cli_mod._interrupted()
+        assert exc.value.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -111,3 +111,32 @@ def test_a_completion_marker_of_the_wrong_shape_is_rebuilt_not_a_crash(tmp_path,
     (tmp_path / "a" / MARKER).write_text(content)
     marker, why = store.check("a", "fp")
     assert marker is None and why
+
+
+def test_a_lock_or_temporary_folder_that_is_a_link_is_replaced_never_written_through(tmp_path):
+    """A run folder restored from a CI cache or found on a shared disk may hold links: the
+    lock must not overwrite the file `.lock` points to with a pid, and stage outputs must
+    not be written into the folder a `.tmp` link points to (nor swept out of it)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    (run / ".lock").symlink_to(target)
+    with RunLock(run):
+        assert not (run / ".lock").is_symlink()
+    assert target.read_text() == "precious"
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "kept").write_text("x")
+    (run / ".tmp").symlink_to(elsewhere)
+    store = ArtifactStore(run)
+    store.sweep()
+    assert (elsewhere / "kept").is_file()
+    (run / ".tmp").unlink(missing_ok=True)
+    (run / ".tmp").symlink_to(elsewhere)
+    tmp = store.begin("a")
+    assert not (run / ".tmp").is_symlink() and tmp.parent == run / ".tmp"  # written inside the run folder
+    (tmp / "model.safetensors").write_bytes(b"weights")
+    assert store.commit("a", tmp, "fp", "hf").path == run / "a" and store.load("a", "fp") is not None
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["kept"]

@@ -81,6 +81,22 @@ def test_unpaired_interval_without_predictions(tmp_path):
     assert r["regressions"]
 
 
+def test_an_edited_measurement_is_not_used_for_the_paired_interval(tmp_path):
+    """The per-example predictions in bench/ are used only while their checksum holds: one
+    edited since the run (predictions made to match the labels) falls back to the unpaired
+    interval of the report's own figures."""
+    import json
+
+    worse = measurement(flip(LABELS, 60, seed=3), LABELS, p50=5.0, p95=5.5, throughput=200, size_mb=30)
+    a, b = runs(tmp_path, results(int8=worse))
+    assert row(compare(a, b), "int8")["quality"]["method"] != "unpaired normal approximation"
+    cached = b / "bench" / "int8.cpu.json"
+    edited = json.loads(cached.read_text())
+    edited["predictions"] = LABELS.tolist()
+    cached.write_text(json.dumps(edited))
+    assert row(compare(a, b), "int8")["quality"]["method"] == "unpaired normal approximation"
+
+
 @pytest.mark.parametrize("p50,p95,flagged", [
     (5.6, 6.0, True),    # +12%, spreads about 10%: beyond noise
     (5.2, 5.7, False),   # +4%: under the 5% floor

@@ -161,3 +161,78 @@ def test_money_keeps_significant_digits_at_every_scale():
     assert money(1.23456) == "1.23"
     assert money(12345.6) == "12,346"
     assert money(None) == "-" and money(0.0) == "0"
+
+
+def test_reports_and_model_cards_are_never_written_through_links(tmp_path):
+    """A run folder from a restored cache or a shared disk may hold links where the reports,
+    their `.part` temporaries or a model card's temporary go: the files they point to,
+    outside the run folder, stay as they were, and the reports become regular files (so
+    that a later run does not write through them again)."""
+    from compress.data.artifacts import MARKER
+    from compress.reports.model_card import write_model_cards
+
+    run = tmp_path / "run"
+    (run / "int8").mkdir(parents=True)
+    (run / "int8" / MARKER).write_text("{}")
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    for name in ("report.md", "report.json.part", "junit.xml.part", ".int8.README.md.part"):
+        (run / name).symlink_to(target)
+    (run / "int8" / "README.md").symlink_to(target)
+    write_reports(_report(), run)
+    assert write_model_cards(_report(), run) == [run / "int8" / "README.md"]
+    assert target.read_text() == "precious"
+    for path in (run / "report.md", run / "report.json", run / "junit.xml", run / "int8" / "README.md"):
+        assert path.is_file() and not path.is_symlink(), path
+    assert not list(run.glob("*.part")) and not list(run.glob(".*.part"))
+
+
+def _written(tmp_path, report: dict, text: str | None = None):
+    (tmp_path / "report.json").write_text(text if text is not None else json.dumps(report))
+    return tmp_path
+
+
+@pytest.mark.parametrize("figure", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_report_with_a_non_finite_figure_is_refused_in_one_line(tmp_path, figure):
+    """compress writes null for a figure that is not finite: a NaN or an infinity in
+    report.json was put there since, and every comparison with it is false (a gate on it
+    would pass or fail on nothing). (`gate`, `report` and `compare`: tests/test_hostile_inputs.py.)"""
+    report = _report()
+    report["rows"][0]["latency_ms"]["p50"] = 12345.678
+    text = json.dumps(report).replace("12345.678", figure)
+    run = _written(tmp_path, {}, text)
+    with pytest.raises(CompressError) as exc:
+        read_report(run)
+    assert "rows.0.latency_ms.p50 is not a finite number" in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("version,edit,key,first", [
+    (1, lambda r: r.update(task=get_task_info()), "task", 2),
+    (2, lambda r: r["rows"][1].update(examples_to_pass=400), "rows.1.examples_to_pass", 5),
+    (3, lambda r: r["decision"].update(stability_resamples=200), "decision.stability_resamples", 4),
+    (5, lambda r: r["rows"][1].update(cost_vs_large=0.5), "rows.1.cost_vs_large", 6),
+])
+def test_a_report_whose_schema_version_does_not_match_its_content_is_refused(tmp_path, version, edit, key, first):
+    """A report that claims an older schema than its content (a field that version never
+    wrote) was edited or forged: reading it under the older rules would misread it."""
+    report = _report(schema_version=version)
+    edit(report)
+    run = _written(tmp_path, report)
+    with pytest.raises(CompressError) as exc:
+        read_report(run)
+    assert f"schema_version {version} does not match its content: {key} first appears in schema {first}" \
+        in str(exc.value)
+    report["schema_version"] = SCHEMA_VERSION  # the same content under the version that writes it reads
+    assert read_report(_written(tmp_path, report)).schema_version == SCHEMA_VERSION
+
+
+def test_a_schema_version_that_is_not_an_integer_is_refused(tmp_path):
+    for version in (True, 1.0, "1"):
+        with pytest.raises(CompressError, match="not a compress report"):
+            read_report(_written(tmp_path, _report(schema_version=version)))
+
+
+def get_task_info() -> dict:
+    from compress.core.task import get_task
+
+    return get_task().info().model_dump()

@@ -74,6 +74,10 @@ def test_unknown_words_become_unk_and_coverage_is_reported(tiny_classifier, tiny
     assert result.eval_tokens == 8 and result.eval_tokens_dropped == pytest.approx(1 / 8)
     assert result.eval_unk_before == 0.0 and result.eval_unk_after == pytest.approx(1 / 8)
     assert result.eval_examples_changed == pytest.approx(0.5)
+    # The hint names what would change something: the corpus already is the whole training
+    # split, and the lost word became [UNK] in a WordPiece vocabulary.
+    [hint] = [n for n in result.notes if "consider" in n]
+    assert "train_full" not in hint and "keep_characters: true" in hint and "keep_top" in hint, hint
 
     # keep_top keeps the first entries of the original vocabulary, placeholders aside.
     from transformers import AutoTokenizer as Tok
@@ -270,3 +274,16 @@ def test_a_tokenizer_kind_it_cannot_trim_is_refused_at_validation(tiny_classifie
     assert err.value.key == "stages[1].with.recovery" and "WordPiece" in str(err.value)
     raw["stages"][1]["with"] = {}
     validate_recipe(raw)  # BPE itself is fine
+
+
+def test_the_coverage_hint_suggests_only_settings_that_would_change_something():
+    from compress.stages.trim_vocab import Config, coverage_hint
+
+    subset = coverage_hint(Config(corpus="train", min_count=3), "BPE", 1000, 200, unk_grew=False)
+    assert "corpus: train_full (1000 training texts instead of 200)" in subset and "a min_count below 3" in subset
+    assert "keep_characters" not in subset  # BPE keeps its bytes: nothing becomes unknown
+    whole = coverage_hint(Config(corpus="train"), "WordPiece", 200, 200, unk_grew=True)
+    assert "train_full" not in whole and "min_count" not in whole  # the subset is the whole split already
+    assert "keep_characters: true" in whole
+    wider = coverage_hint(Config(keep_top=500, keep_characters=True), "WordPiece", 200, 200, unk_grew=True)
+    assert "a keep_top above 500" in wider and "keep_characters" not in wider
