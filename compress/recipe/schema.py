@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloa
                       field_validator, model_validator)
 
 from compress.recipe import peek
+from compress.recipe.serving import ServingSpec
 from compress.core.errors import ModelSourceError, RecipeError
 from compress.tasks.causal_lm.records import LMSpec
 from compress.core.registry import Format, StageConfig, get_stage
@@ -322,6 +323,8 @@ class Recipe(Strict):
     stages: list[StageSpec] = Field(min_length=1)
     benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    serving: ServingSpec | None = Field(None, description="Serve the selected variant and measure it under load "
+                                        "(`compress serve`, `compress load`; `compress run` measures the load too).")
 
     # Where the recipe was read from; relative paths in it are resolved against its folder.
     _path: Path | None = None
