@@ -145,6 +145,38 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run folder (artifacts
 
 
 @app.command()
+def load(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run folder (artifacts/NAME).", show_default=False)],
+    recipe: Annotated[Optional[Path], typer.Option(help="The recipe with the `serving:` block (default: the "
+                                                   "one the run was made from).")] = None,
+    set_: SetOpt = None,
+    variant: Annotated[Optional[str], typer.Option(help="The variant to serve (default: the run's selected one).")] = None,
+) -> None:
+    """Serve the run's variant in each configuration, measure it under load (MLPerf LoadGen's server scenario over
+    HTTP) and plan capacity and $/month for the recipe's traffic."""
+    from compress.core.console import log
+    from compress.recipe.schema import load_recipe
+    from compress.reports.render import print_report
+    from compress.reports.report_json import read_report
+    from compress.run.load import load_run
+
+    if recipe is None:
+        made_from = read_report(run_dir).manifest.recipe_file
+        if not made_from or not Path(made_from).is_file():
+            raise CompressError(f"{run_dir}: the recipe it was made from is not at hand ({made_from or 'not recorded'}); "
+                                f"give --recipe FILE")
+        recipe = Path(made_from)
+    r = load_recipe(recipe, set_ or [])
+    if r.serving is None:
+        raise CompressError(f"{recipe}: no `serving:` block, so nothing to load; add one "
+                            f"(recipes/bert_sentiment.yaml has an example) or give --recipe FILE")
+    rep = load_run(r, run_dir, variant=variant, log=log)
+    print_report(rep)
+    log(f"reports: {run_dir / 'report.md'}, {run_dir / 'report.html'}, {run_dir / 'serving' / 'serving.json'}")
+    raise typer.Exit(rep.decision.exit_code if rep.budget.objective == "min_monthly_cost" else EXIT_OK)
+
+
+@app.command()
 def gate(
     report_path: Annotated[Path, typer.Argument(metavar="REPORT", help="report.json or its run folder.")],
     variant: Annotated[str, typer.Option(help="The variant to check.")],

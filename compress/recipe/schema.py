@@ -275,8 +275,10 @@ class BudgetSpec(Strict):
         "uses the best throughput whose batch p95 meets it.",
     )
     max_size_mb: PositiveFloat | None = Field(None, description="Largest accepted model size.")
-    objective: Literal["min_cost", "min_latency", "min_size"] = Field(
-        "min_cost", description="How the variant to deploy is chosen among those within budget."
+    objective: Literal["min_cost", "min_latency", "min_size", "min_monthly_cost"] = Field(
+        "min_cost", description="How the variant to deploy is chosen among those within budget. "
+        "`min_monthly_cost`: the lowest $/month at the serving SLO for the recipe's traffic (needs a `serving:` "
+        "block; the variants served under load are the min_cost pick and the run's cascade)."
     )
     tie_tolerance: float = Field(
         0.25, ge=0, le=1,
@@ -583,6 +585,9 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
         except ValidationError as err:
             raise _first_error(where, err, prefix=("stages", i, "with"), model=kind.config)
 
+    if recipe.budget.objective == "min_monthly_cost" and recipe.serving is None:
+        raise RecipeError(where, "budget.objective", "min_monthly_cost needs a `serving:` block (the load measures "
+                          "the monthly cost at the SLO); add one, or choose min_cost")
     if "cpu" not in recipe.benchmark.devices and not gpu_present():
         raise RecipeError(where, "benchmark.devices", f"{recipe.benchmark.devices}: no such device on this machine "
                           f"(no NVIDIA GPU found); add cpu, or run on a machine with a GPU")

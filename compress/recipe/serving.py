@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator,
+                      model_validator)
 
 
 class _Strict(BaseModel):
@@ -108,16 +109,112 @@ class LimitSpec(_Strict):
 # --- the load, the traffic and the prices (owned by the load work) ---------------------
 
 
+CONFIGURATIONS = ("reference", "unbatched", "batched", "batched_cache", "cascade")
+
+
 class LoadSpec(_Strict):
-    pass
+    """MLPerf LoadGen's server scenario against the served endpoint: Poisson arrivals at a
+    target QPS; a run is VALID when the `percentile` latency meets `slo_ms` over enough
+    queries (LoadGen's rule, early stopping included). The highest VALID QPS is searched:
+    doubled from `start_qps` until a run fails, then bisected, `max_runs` runs at most."""
+
+    slo_ms: PositiveFloat = Field(200.0, description="Latency SLO of one request (HTTP, end to end), in ms.")
+    percentile: float = Field(0.99, gt=0.5, lt=1.0, description="The latency percentile the SLO is on (LoadGen's "
+                              "server_target_latency_percentile). At 0.99 LoadGen's early-stopping rule needs "
+                              "459 queries or more in a run before it can be VALID; runs are lengthened to that.")
+    min_duration_s: PositiveFloat = Field(5.0, description="LoadGen's min_duration: the shortest scheduled run.")
+    min_queries: PositiveInt = Field(64, description="LoadGen's min_query_count (raised to what early stopping "
+                                     "needs at `percentile`).")
+    max_run_s: PositiveFloat = Field(60.0, description="The longest a run may be scheduled: the search offers no "
+                                     "load so low that the queries a run needs would take longer.")
+    start_qps: PositiveFloat = Field(8.0, description="The first offered load of the search.")
+    max_qps: PositiveFloat = Field(4096.0, description="The search offers no more than this.")
+    growth: float = Field(2.0, gt=1.0, description="Factor between offered loads while bracketing.")
+    resolution: float = Field(0.15, gt=0.0, description="Bisection stops once the invalid bound is within this "
+                              "fraction of the valid one.")
+    max_runs: PositiveInt = Field(6, description="LoadGen runs per configuration, bracketing and bisection together.")
+    concurrency: PositiveInt = Field(64, description="Open HTTP connections of the load generator.")
+    timeout_s: PositiveFloat = Field(10.0, description="A request unanswered this long counts as failed (a run "
+                                     "with a failed request is not valid).")
+    seed: NonNegativeInt = Field(0, description="LoadGen's schedule and sample-order seeds (each run adds its number).")
+    configurations: list[Literal["reference", "unbatched", "batched", "batched_cache", "cascade"]] = Field(
+        default_factory=lambda: list(CONFIGURATIONS),
+        description="What is served and measured, one after another on the same traffic: `reference` (the "
+        "baseline's ONNX export, unbatched, when the run has one), `unbatched` (the variant, max batch 1, no cache), "
+        "`batched`, `batched_cache`, `cascade` (the run's cascade, batched and cached, when it has one).")
+
+    @field_validator("configurations")
+    @classmethod
+    def _some(cls, v):
+        if not v:
+            raise ValueError("name one configuration or more")
+        if len(set(v)) != len(v):
+            raise ValueError("a configuration is named twice")
+        return v
+
+
+class ZipfSpec(_Strict):
+    """Requests drawn from a pool of distinct eval texts, the text of rank r with weight 1/r**exponent."""
+
+    pool: PositiveInt = Field(500, description="Distinct texts (the eval split's, in a seeded order; fewer when it has fewer).")
+    exponent: float = Field(1.0, ge=0.0, le=4.0, description="Zipf exponent: 0 draws uniformly, larger repeats the top texts more.")
+    seed: NonNegativeInt = Field(0, description="Seed of the pool's order and of the draws.")
 
 
 class TrafficSpec(_Strict):
-    pass
+    """The traffic the plan is sized for, and the requests the load sends: Zipf draws over
+    eval texts, or a request log replayed in its order."""
+
+    peak_qps: PositiveFloat = Field(100.0, description="Requests per second at the daily peak.")
+    mean_qps: PositiveFloat = Field(40.0, description="Requests per second over the whole day.")
+    peak_hours_per_day: float = Field(6.0, gt=0.0, le=24.0, description="Hours a day at the peak; the rest of the "
+                                      "day runs at the rate that makes the mean.")
+    zipf: ZipfSpec = Field(default_factory=ZipfSpec, description="The repetition model of the requests.")
+    log: str | None = Field(None, description="A request log to replay instead (JSON Lines, one "
+                            "`{\"timestamp\": seconds, \"text\": ...}` a line), relative to the recipe.")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.log is not None and "zipf" in self.model_fields_set:
+            raise ValueError("give `log` or `zipf`, not both")
+        if self.mean_qps > self.peak_qps:
+            raise ValueError(f"mean_qps {self.mean_qps:g} exceeds peak_qps {self.peak_qps:g}; the mean is at most the peak")
+        if self.peak_qps * self.peak_hours_per_day > self.mean_qps * 24.0 * (1 + 1e-9):
+            raise ValueError(f"peak_qps {self.peak_qps:g} for {self.peak_hours_per_day:g} h already exceeds a daily "
+                             f"mean of {self.mean_qps:g}; raise mean_qps or shorten peak_hours_per_day")
+        return self
+
+    @property
+    def offpeak_qps(self) -> float:
+        """The rate outside the peak hours that makes the daily mean."""
+        h = self.peak_hours_per_day
+        if h >= 24.0:
+            return self.peak_qps
+        return max(0.0, (24.0 * self.mean_qps - self.peak_qps * h) / (24.0 - h))
+
+
+class Price(_Strict):
+    usd_per_hour: PositiveFloat = Field(description="USD per instance-hour.")
+    source: str = Field(min_length=1, description="Where the price comes from (printed with the plan).")
+
+
+class Discount(_Strict):
+    discount: float = Field(ge=0.0, lt=1.0, description="Fraction off the on-demand price.")
+    source: str = Field(min_length=1, description="Where the discount comes from (printed with the plan).")
 
 
 class PricingSpec(_Strict):
-    pass
+    """What an instance costs: on demand, reserved (the base load, all day) and spot (the
+    burst above it, during the peak hours). One instance is the machine the load ran on."""
+
+    instance: str = Field("c6i.large", description="The instance type the prices are for (2 vCPU, as the measuring machine should be).")
+    on_demand: Price = Field(default_factory=lambda: Price(
+        usd_per_hour=0.085, source="AWS EC2 on-demand list price, c6i.large Linux, us-east-1; verify before relying on it"))
+    reserved: Discount = Field(default_factory=lambda: Discount(
+        discount=0.37, source="AWS EC2 1-year standard reserved instance, no upfront, against on demand; verify"))
+    spot: Discount = Field(default_factory=lambda: Discount(
+        discount=0.60, source="AWS EC2 spot price history, typical saving for c6i in us-east-1; it varies by the hour"))
+    hours_per_month: PositiveFloat = Field(730.0, description="Hours billed in a month (8760 / 12).")
 
 
 class ServingSpec(_Strict):
