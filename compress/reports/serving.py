@@ -57,7 +57,7 @@ def lever_line(step) -> str:
 
 
 def headline(s: ServingReport) -> str:
-    return (f"Served under load: LoadGen's server scenario over HTTP, p{s.percentile * 100:g} <= {s.slo_ms:g} ms, on "
+    return (f"Served under load: LoadGen's server scenario over HTTP, p{s.percentile * 100:g} at most {s.slo_ms:g} ms, on "
             f"{s.machine or 'this machine'} (one instance of the plan).")
 
 

@@ -83,11 +83,12 @@ def measure_and_plan(recipe: "Recipe", run_dir: Path, texts: list[str], served: 
 
 
 def attach(rows: "list[Row]", serving: "ServingReport", device: str) -> None:
-    """Each served variant's row on the deciding device gets its plan's $/month."""
+    """Each served variant's row on the deciding device gets its plan's $/month (and a row
+    not served this time loses a figure from an earlier load)."""
     for r in rows:
         if r.device == device:
             cost = serving.monthly_cost(r.id)
-            if cost is not None:
+            if cost is not None or r.usd_per_month is not None:
                 r.usd_per_month = cost
 
 

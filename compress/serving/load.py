@@ -202,7 +202,7 @@ class HttpClient:
             if status == 200:
                 preds = json.loads(body).get("predictions")
                 ok = isinstance(preds, list) and len(preds) == 1
-        except (aiohttp.ClientError, self._asyncio.TimeoutError, ValueError, AttributeError):
+        except (aiohttp.ClientError, self._asyncio.TimeoutError, OSError, ValueError, AttributeError):
             ok = False
         return ok, time.perf_counter() - t0, status
 
@@ -237,16 +237,18 @@ class _SUT:
 
     def issue_queries(self, samples) -> None:
         # Called on LoadGen's issue thread: hand off and return, so the schedule holds.
+        now = time.perf_counter()
         for s in samples:
-            self.pending.append(self.client.submit(self._one(s.id, self.texts[s.index])))
+            self.pending.append(self.client.submit(self._one(s.id, self.texts[s.index], now)))
 
-    async def _one(self, qid: int, text: str) -> None:
+    async def _one(self, qid: int, text: str, issued: float) -> None:
         import mlperf_loadgen as lg
 
         try:
-            ok, seconds, status = await self.client.post(self.url, text)
+            ok, _, status = await self.client.post(self.url, text)
         finally:  # LoadGen waits for every query: it is completed whatever happened
             lg.QuerySamplesComplete([lg.QuerySampleResponse(qid, 0, 0)])
+        seconds = time.perf_counter() - issued  # from the hand-off, as LoadGen counts it, not from the send
         o = self.outcomes
         with o.lock:
             o.statuses[status] = o.statuses.get(status, 0) + 1
@@ -326,10 +328,12 @@ def run_once(client: HttpClient, url: str, traffic: "Traffic", start: int, qps: 
     settings.sample_index_rng_seed = spec.seed + seed
     settings.schedule_rng_seed = spec.seed + seed
     settings.qsl_rng_seed = spec.seed + seed
+    output = lg.LogOutputSettings()
+    output.outdir = str(out_dir)
+    output.copy_summary_to_stdout = False
+    output.copy_detail_to_stdout = False
     logs = lg.LogSettings()
-    logs.log_output.outdir = str(out_dir)
-    logs.log_output.copy_summary_to_stdout = False
-    logs.log_output.copy_detail_to_stdout = False
+    logs.log_output = output
     logs.enable_trace = False
 
     procs = pids()

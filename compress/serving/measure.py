@@ -97,7 +97,7 @@ def measure(run_dir: Path, spec: ServingSpec, served: Served, traffic: "Traffic"
         for name in load.configurations:
             chosen = configuration(name, served, spec)
             if chosen is None:
-                report.notes.append(f"{name}: the run has no such variant; not measured")
+                report.notes.append(f"{name}: not measured (the run has no such variant, or it is the variant served)")
                 continue
             fig, sent = measure_one(name, *chosen, run_dir, traffic, start_server, log)
             report.configs.append(fig)
