@@ -247,7 +247,7 @@ def latency_plot(s: "ServingReport") -> str:
         x = [r.target_qps for r in runs]
         line = ax.plot(x, [r.p99_ms for r in runs], marker=None, lw=1.4, label=CONFIG_LABEL.get(c.name, c.name))[0]
         colour = line.get_color()
-        ax.plot(x, [r.p50_ms for r in runs], ls=":", lw=1.0, color=colour)
+        ax.plot(x, [float("nan") if r.p50_ms is None else r.p50_ms for r in runs], ls=":", lw=1.0, color=colour)
         for r in runs:
             ax.scatter([r.target_qps], [r.p99_ms], s=30, zorder=3, edgecolors=colour,
                        facecolors=colour if r.valid else "none", linewidths=1.2)

@@ -52,8 +52,10 @@ def plan_rows(plan: CostPlan) -> tuple[list[str], list[list[str]]]:
 
 
 def lever_line(step) -> str:
-    saved = f"${step.saved_usd_month:,.0f}" if step.saved_usd_month >= 0 else f"-${-step.saved_usd_month:,.0f}"
-    return f"{step.lever}: {step.before} -> {step.after}, saves {saved}/month" + ("" if step.pulled else " (costs more: not pulled)")
+    move = f"{step.lever}: {step.before} \u2192 {step.after}"
+    if step.saved_usd_month >= 0:
+        return f"{move}, saves ${step.saved_usd_month:,.0f}/month"
+    return f"{move}, would cost ${-step.saved_usd_month:,.0f}/month more: not pulled"
 
 
 def headline(s: ServingReport) -> str:

@@ -279,6 +279,13 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity), as Ray counts them."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def server_pids(own: int | None = None) -> list[int]:
     """The server's replica processes (Ray Serve's, titled `ray::ServeReplica...`) among this
     process's descendants, where a local Ray runs them; without any, every descendant (the
@@ -306,8 +313,6 @@ def run_once(client: HttpClient, url: str, traffic: "Traffic", start: int, qps: 
              ) -> tuple[LoadRun, list[int]]:
     """One LoadGen server-scenario run at `qps` over the traffic's requests start.. (as
     many as `queries_for` gives). Returns the run and the text ids it sent."""
-    import psutil
-
     import mlperf_loadgen as lg
 
     n = queries_for(qps, spec)
@@ -348,7 +353,7 @@ def run_once(client: HttpClient, url: str, traffic: "Traffic", start: int, qps: 
         lg.DestroySUT(handle)
         lg.DestroyQSL(qsl)
     seconds = time.perf_counter() - t0
-    cpu = (cpu_seconds(procs) - cpu0) / max(seconds, 1e-9) / (psutil.cpu_count() or 1)
+    cpu = (cpu_seconds(procs) - cpu0) / max(seconds, 1e-9) / usable_cpus()
 
     res = read_detail_log(out_dir / DETAIL_LOG)
     o = sut.outcomes

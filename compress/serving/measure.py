@@ -191,6 +191,16 @@ def machine() -> str:
     """The machine the load ran on, in words (one instance of the plan)."""
     import platform
 
-    import psutil
+    from compress.serving.load import usable_cpus
 
-    return f"{psutil.cpu_count(logical=True)} CPUs ({platform.machine()}, {platform.processor() or 'unknown CPU'})"
+    return f"{usable_cpus()} CPUs ({platform.machine()}, {_cpu_model() or platform.processor() or 'unknown CPU'})"
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None

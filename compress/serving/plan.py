@@ -113,8 +113,8 @@ def describe(plan: CostPlan) -> list[str]:
                      f"at the peak ({r.instances_base} base + {r.instances_burst} burst): ${r.on_demand_usd_month:,.0f}"
                      f"/month on demand, ${r.mixed_usd_month:,.0f} with the base reserved and the burst on spot")
     for s in plan.waterfall:
-        lines.append(f"  {s.lever}: {s.before} -> {s.after}: saves ${s.saved_usd_month:,.0f}/month"
-                     + ("" if s.pulled else " (costs more: not pulled)"))
+        lines.append(f"  {s.lever}: {s.before} -> {s.after}: " + (f"saves ${s.saved_usd_month:,.0f}/month" if s.pulled
+                     else f"would cost ${-s.saved_usd_month:,.0f}/month more: not pulled"))
     lines += [f"  prices: on demand: {p.on_demand_source}", f"  reserved ({p.reserved_discount:.0%} off): "
               f"{p.reserved_source}", f"  spot ({p.spot_discount:.0%} off): {p.spot_source}"]
     lines += [f"  note: {n}" for n in plan.notes]

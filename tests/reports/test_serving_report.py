@@ -90,7 +90,7 @@ def test_report_md_shows_the_configurations_the_plan_the_waterfall_and_every_pri
     assert "46.0% expected, 45.0% as sent" in md
     for lever in ("variant", "batching", "cache", "pricing"):
         assert f"- {lever}: " in md
-    assert "cascade: batched_cache -> cascade" in md and "not pulled" in md  # 90 QPS: it costs more
+    assert "cascade: batched_cache \u2192 cascade, would cost $10/month more: not pulled" in md  # 90 QPS: it costs more
     pricing = PricingSpec()
     for src in (pricing.on_demand.source, pricing.reserved.source, pricing.spot.source):
         assert src in md
