@@ -57,10 +57,14 @@ class FrontConfig(BaseModel):
 
 
 class _Reporter:
-    """A replica's cumulative counts, sent to the StatsBoard every FLUSH_S when they changed."""
+    """A replica's cumulative counts, sent to the StatsBoard every FLUSH_S (a front replica
+    every time, to hear from the board whether the server is draining; a model replica when
+    they changed)."""
 
-    def __init__(self, board):
-        self.board, self.id, self.counts = board, uuid.uuid4().hex[:12], Counts()
+    def __init__(self, board, poll: bool):
+        self.board, self.id, self.counts, self.poll = board, uuid.uuid4().hex[:12], Counts(), poll
+        self.cache_up: bool | None = None
+        self.draining = False
         self._dirty, self._task = False, None
 
     def changed(self) -> None:
@@ -68,16 +72,17 @@ class _Reporter:
         if self._task is None:  # started on the first call: the replica's event loop runs by then
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
-    def flush(self, cache_up: bool | None = None):
+    def flush(self):
+        """Sends the counts; the reference answers whether the server is draining."""
         self._dirty = False
-        return self.board.report.remote(self.id, self.counts.model_copy(deep=True), cache_up)
+        return self.board.report.remote(self.id, self.counts.model_copy(deep=True), self.cache_up)
 
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_S)
-            if self._dirty:
+            if self._dirty or self.poll:
                 try:
-                    self.flush(getattr(self, "cache_up", None))
+                    self.draining = await self.flush()
                 except Exception:  # the board is gone (shutting down): counts no longer matter
                     return
 
@@ -106,7 +111,7 @@ class Model:
             pass
         pred = self.classifier.predictor
         self.cascade = hasattr(pred, "routed_share")
-        self.reporter = _Reporter(board)
+        self.reporter = _Reporter(board, poll=False)
         board.join.remote(self.reporter.id)
 
     def reconfigure(self, user_config: dict) -> None:
@@ -155,7 +160,7 @@ class Front:
     def __init__(self, model, config: FrontConfig, board):
         self.model, self.config, self.board = model, config, board
         self.cache = make_cache(config.cache)
-        self.reporter = _Reporter(board)
+        self.reporter = _Reporter(board, poll=True)
         self.max_batch_size = 1
 
     def reconfigure(self, user_config: dict) -> None:
@@ -163,6 +168,9 @@ class Front:
 
     async def __call__(self, request: Request) -> Response:
         start = time.perf_counter()
+        c, r = self.reporter.counts, self.reporter
+        c.in_flight += 1
+        r.changed()
         try:
             response = await self._answer(request)
         except BadRequest as bad:
@@ -172,25 +180,29 @@ class Front:
             log.exception("predict failed")
             response = Response(error_body(f"the model failed on this request ({type(exc).__name__}); "
                                            f"see the server's log"), status_code=500, media_type="application/json")
-        c = self.reporter.counts
+        finally:
+            c.in_flight -= 1
         c.requests[response.status_code] = c.requests.get(response.status_code, 0) + 1
         c.latency.observe(time.perf_counter() - start)
-        self.reporter.cache_up = self.cache.up
-        c.cache_errors = self.cache.errors
-        self.reporter.changed()
+        r.cache_up, c.cache_errors = self.cache.up, self.cache.errors
+        r.changed()
         return response
 
     async def _answer(self, request: Request) -> Response:
         path = route(request.method, request.url.path)
         if path == "/healthz":
+            if self.reporter.draining:  # load balancers take this instance out
+                return JSONResponse({"status": "draining", "variant": self.config.variant}, status_code=503)
             return JSONResponse({"status": "ok", "variant": self.config.variant, "fingerprint": self.config.fingerprint,
                                  "cache": self.cache.kind if self.cache.up is not False else f"{self.cache.kind} (down)"})
         if path == "/metrics":
-            self.reporter.cache_up = self.cache.up
-            self.reporter.counts.cache_errors = self.cache.errors
-            await self.reporter.flush(self.cache.up)  # this replica's counts are current
+            self.reporter.cache_up, self.reporter.counts.cache_errors = self.cache.up, self.cache.errors
+            await self.reporter.flush()  # this replica's counts are current, the others' FLUSH_S old at most
             stats = await self.board.total.remote()
             return Response(prometheus(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
+        if self.reporter.draining:
+            raise BadRequest(503, "the server is shutting down; send the request to another instance",
+                             {"Retry-After": "1"})
         check_length(request.headers.get("content-length"), self.config.limits)
         texts = parse_predict(await request.body(), self.config.limits)
         return JSONResponse({"predictions": [p.model_dump() for p in await self._predict(texts)]})

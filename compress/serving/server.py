@@ -131,6 +131,17 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _check_port(host: str, port: int) -> None:
+    """A port another program holds is an error now, not a proxy that never comes up."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise CompressError(f"serving.server.port: {host}:{port} is not free ({exc.strerror}); give --port 0 "
+                                f"for a free one, or another port") from None
+
+
 def _init_local_ray(ray) -> None:
     """A small local Ray: no dashboard, no log streaming to this terminal, the machine's CPUs."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -176,7 +187,26 @@ class Server:
         if self.stopped:
             return
         self.stopped = True
-        _teardown(self._app, self._board, self._owns_ray, self._shared)
+        try:
+            self._drain()
+        finally:
+            _teardown(self._app, self._board, self._owns_ray, self._shared)
+
+    def _drain(self) -> None:
+        """The fronts refuse new predictions (503) and answer the ones they hold; this waits
+        until none is in flight. Serve's own graceful stop comes after, when nothing is left
+        for it to cut off (deleting the app at once would stop the model replicas while a
+        front still had texts queued for them)."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.get(self._board.drain.remote(), timeout=10)
+            # The fronts hear of it at their next flush; a request that came in before that
+            # is counted in flight by the flush after it.
+            time.sleep(3 * FLUSH_S)
+            deadline = time.monotonic() + self._drain_timeout_s
+            while time.monotonic() < deadline and ray.get(self._board.total.remote(), timeout=10).in_flight > 0:
+                time.sleep(FLUSH_S / 2)
 
     def __enter__(self) -> "Server":
         return self
@@ -201,9 +231,12 @@ def _teardown(app: str | None, board, owns_ray: bool, shared: bool) -> None:
 
     try:
         if ray.is_initialized():
-            if app is not None:
+            # Graceful either way: replicas finish their ongoing requests first. Serve of our own
+            # goes down whole (app and proxy together, so the proxy never answers 404 for the
+            # deleted app in between); on a cluster only our app goes.
+            if shared and app is not None:
                 with contextlib.suppress(Exception):
-                    serve.delete(app)  # graceful: replicas finish their ongoing requests first
+                    serve.delete(app)
             if not shared:
                 with contextlib.suppress(Exception):
                     serve.shutdown()
@@ -226,6 +259,9 @@ def start(run_dir: Path, spec: ServingSpec, variant: str | None = None, port: in
     from compress.serving.stats import StatsBoard
 
     srv = spec.server
+    port = port or _free_port(srv.host)
+    if address is None:
+        _check_port(srv.host, port)
     owns_ray = not ray.is_initialized()
     app, board = None, None
     try:
@@ -237,7 +273,6 @@ def start(run_dir: Path, spec: ServingSpec, variant: str | None = None, port: in
         if fewest * srv.threads > cpus:
             raise CompressError(f"serving.server: {fewest} model replica(s) x {srv.threads} thread(s) need "
                                 f"{fewest * srv.threads} CPUs; Ray has {cpus:g}; lower num_replicas or threads")
-        port = port or _free_port(srv.host)
         serve.start(http_options={"host": srv.host, "port": port}, proxy_location="HeadOnly",
                     logging_config={"log_level": "WARNING"})
         board = ray.remote(num_cpus=0)(StatsBoard).remote(variant, spec.cache.kind, fmt == "cascade")

@@ -75,13 +75,15 @@ class Counts(_Record):
     cache_errors: int = 0  # cache calls that failed (the request went on without the cache)
     cascade_rows: int = 0  # texts a cascade's small member read
     cascade_routed: int = 0  # of those, the texts it sent on to the large member
+    in_flight: int = 0  # requests the front is answering now (a gauge, not a count)
 
     def add(self, other: "Counts") -> None:
         for mine, theirs in ((self.requests, other.requests), (self.batch_sizes, other.batch_sizes)):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v
         self.latency.add(other.latency)
-        for name in ("texts", "cache_hits", "cache_misses", "cache_errors", "cascade_rows", "cascade_routed"):
+        for name in ("texts", "cache_hits", "cache_misses", "cache_errors", "cascade_rows", "cascade_routed",
+                     "in_flight"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
@@ -98,8 +100,9 @@ class ServerStats(_Record):
     cache_errors: int
     cache: str  # "memory", "redis", "none"
     cache_up: bool | None  # whether the cache answered its last call; None without a cache
-    routed_share: float | None  # share of texts a cascade sent to its large member; None: not a cascade
+    routed_share: float | None  # share of texts a cascade sent to its large member; None: not a cascade (or no text yet)
     replicas: int  # model replicas running now
+    in_flight: int  # requests being answered now
 
     @property
     def total_requests(self) -> int:
@@ -119,6 +122,10 @@ class StatsBoard:
         self.counts: dict[str, Counts] = {}  # replica id -> its latest cumulative counts
         self.models: set[str] = set()  # model replicas running
         self.cache_up: dict[str, bool] = {}  # front replica id -> its cache answered last time
+        self.draining = False  # stop() began: the fronts refuse new predictions
+
+    def drain(self) -> None:
+        self.draining = True
 
     def join(self, replica: str) -> None:
         self.models.add(replica)
@@ -126,10 +133,12 @@ class StatsBoard:
     def leave(self, replica: str) -> None:
         self.models.discard(replica)
 
-    def report(self, replica: str, counts: Counts, cache_up: bool | None = None) -> None:
+    def report(self, replica: str, counts: Counts, cache_up: bool | None = None) -> bool:
+        """Keeps a replica's latest counts; answers whether the server is draining."""
         self.counts[replica] = counts
         if cache_up is not None:
             self.cache_up[replica] = cache_up
+        return self.draining
 
     def total(self) -> ServerStats:
         total = Counts()
@@ -142,7 +151,7 @@ class StatsBoard:
         return ServerStats(variant=self.variant, requests=total.requests, latency=total.latency, texts=total.texts,
                            batch_sizes=total.batch_sizes, cache_hits=total.cache_hits, cache_misses=total.cache_misses,
                            cache_errors=total.cache_errors, cache=self.cache, cache_up=up, routed_share=share,
-                           replicas=len(self.models))
+                           replicas=len(self.models), in_flight=total.in_flight)
 
 
 def _label(value: str) -> str:
