@@ -88,9 +88,9 @@ def plan_lines(plan: CostPlan) -> list[str]:
              f"${p.on_demand_usd_per_hour:g}/h on demand; the base reserved ({p.reserved_discount:.0%} off), the burst "
              f"on spot ({p.spot_discount:.0%} off)."]
     if plan.start_usd_month is not None and plan.end_usd_month is not None:
-        lines.append(f"From ${plan.start_usd_month:,.0f}/month (the unbatched "
-                     f"{'baseline' if plan.waterfall and plan.waterfall[0].before == 'reference' else 'variant'}, on "
-                     f"demand) to ${plan.end_usd_month:,.0f}/month.")
+        first = plan.waterfall[0].before.removesuffix(" on demand")
+        lines.append(f"From ${plan.start_usd_month:,.0f}/month ({CONFIG_LABEL.get(first, first)}, on demand) to "
+                     f"${plan.end_usd_month:,.0f}/month.")
     return lines
 
 

@@ -19,6 +19,7 @@ from compress.serving.records import ConfigFigures, CostPlan, PlanRow, PricingIn
 # The waterfall's chain: each lever swaps one configuration for the next (or, last, the prices).
 CHAIN = (("variant", "reference", "unbatched"), ("batching", "unbatched", "batched"),
          ("cache", "batched", "batched_cache"), ("cascade", "batched_cache", "cascade"))
+ORDER = ("reference", "unbatched", "batched", "batched_cache", "cascade")
 
 
 def instances(qps: float, capacity: float) -> int:
@@ -52,7 +53,8 @@ def waterfall(rows: list[PlanRow]) -> list[WaterfallStep]:
     cost more is shown and not pulled: the chain goes on from the configuration before it.
     A configuration that was not measured drops its lever out."""
     by = {r.config: r for r in rows}
-    current = by.get("reference") or by.get("unbatched")
+    # The chain starts at its first configuration with a plan: the unbatched baseline when it has one.
+    current = next((by[c] for c in ORDER if c in by), None)
     if current is None:
         return []
     steps: list[WaterfallStep] = []
@@ -95,10 +97,11 @@ def cost_plan(configs: list[ConfigFigures], traffic: TrafficSpec, pricing: Prici
     if plan.waterfall:
         plan.start_usd_month = plan.waterfall[0].usd_month_before
         plan.end_usd_month = plan.waterfall[-1].usd_month_after
-        first = plan.waterfall[0].before
+        first = plan.waterfall[0].before.removesuffix(" on demand")
         if first != "reference":
-            plan.notes.append("the run has no baseline ONNX export served as the reference: the waterfall starts at "
-                              "the variant unbatched, so the variant lever is not shown")
+            plan.notes.append(f"the waterfall starts at {first}, the first configuration with a valid load (the "
+                              f"reference is the baseline's ONNX export unbatched, where the run has one): the levers "
+                              f"before it are not shown")
     return plan
 
 

@@ -64,8 +64,15 @@ def test_without_a_reference_or_a_measured_configuration_the_waterfall_says_so()
     assert [s.lever for s in plan.waterfall] == ["cache", "pricing"]
     assert plan.waterfall[0].before == "unbatched"
     assert any("batched: no valid load" in n for n in plan.notes)
-    assert any("no baseline ONNX export" in n for n in plan.notes)
+    assert any("the waterfall starts at unbatched" in n for n in plan.notes)
     assert waterfall([]) == []
+    # Nothing before batched has a valid load: the chain starts there.
+    plan = cost_plan([fig("reference", None), fig("unbatched", None), fig("batched", 50.0), fig("batched_cache", 80.0)],
+                     TRAFFIC, PRICING)
+    assert [s.lever for s in plan.waterfall] == ["cache", "pricing"] and plan.waterfall[0].before == "batched"
+    assert any("starts at batched" in n for n in plan.notes)
+    only = cost_plan([fig("batched", 50.0)], TRAFFIC, PRICING)
+    assert [s.lever for s in only.waterfall] == ["pricing"]
 
 
 @pytest.mark.parametrize("kw, problem", [
