@@ -4,6 +4,7 @@
     server = start(run_dir, spec)                 # spec: compress.recipe.serving.ServingSpec
     server.url, server.variant, server.fingerprint  # "http://127.0.0.1:PORT", the variant id, its fingerprint
     server.snapshot()                              # ServerStats: requests by status, batch sizes, cache, routed share
+    server.set_batching(max_batch_size=1)          # at runtime, no replica restarted
     server.stop()                                  # drains, then stops Serve (and Ray, when start() started it)
 
 `start(run_dir, spec, variant=None, port=0, address=None) -> Server`: `variant` None serves the
@@ -169,6 +170,7 @@ class Server:
         self.url, self.variant, self.fingerprint = url, variant, fingerprint
         self._app, self._board, self._owns_ray, self._shared = app, board, owns_ray, shared
         self._drain_timeout_s = drain_timeout_s
+        self._deploy, self._batching = None, (1, 0.0)  # set by start()
         self.stopped = False
 
     def snapshot(self) -> ServerStats:
@@ -180,6 +182,22 @@ class Server:
         if not stats.replicas:  # before a model replica registered: Serve's own count
             stats.replicas = _running_replicas(self._app)
         return stats
+
+    def set_batching(self, max_batch_size: int | None = None, batch_wait_timeout_s: float | None = None) -> None:
+        """Changes the batching of the running server (its replicas' set_max_batch_size and
+        set_batch_wait_timeout_s, through Serve's user_config: no replica restarts)."""
+        from compress.recipe.serving import ServerSpec
+        from compress.serving.app import Batching
+
+        size, wait = self._batching
+        size = size if max_batch_size is None else max_batch_size
+        wait = wait if batch_wait_timeout_s is None else batch_wait_timeout_s
+        try:  # the recipe's own bounds
+            ServerSpec(max_batch_size=size, batch_wait_timeout_s=wait, max_ongoing_requests=max(size, 64))
+        except ValidationError as exc:
+            raise CompressError(f"set_batching: {exc.errors()[0]['msg']}") from exc
+        self._deploy(Batching(max_batch_size=size, batch_wait_timeout_s=wait))
+        self._batching = (size, wait)
 
     def stop(self) -> None:
         """Drains requests in flight (each replica waits for its ongoing requests, at most
@@ -276,28 +294,38 @@ def start(run_dir: Path, spec: ServingSpec, variant: str | None = None, port: in
         serve.start(http_options={"host": srv.host, "port": port}, proxy_location="HeadOnly",
                     logging_config={"log_level": "WARNING"})
         board = ray.remote(num_cpus=0)(StatsBoard).remote(variant, spec.cache.kind, fmt == "cascade")
-        batching = Batching(max_batch_size=srv.max_batch_size, batch_wait_timeout_s=srv.batch_wait_timeout_s)
         drain = {"graceful_shutdown_wait_loop_s": 0.2, "graceful_shutdown_timeout_s": srv.drain_timeout_s}
         scale = ({"autoscaling_config": {"min_replicas": srv.autoscaling.min_replicas,
                                          "max_replicas": srv.autoscaling.max_replicas,
                                          "target_ongoing_requests": srv.autoscaling.target_ongoing_requests,
                                          "upscale_delay_s": 2.0, "downscale_delay_s": 30.0}}
                  if srv.autoscaling else {"num_replicas": srv.num_replicas})
-        model = Model.options(**scale, **drain, max_ongoing_requests=srv.max_ongoing_requests,
-                              ray_actor_options={"num_cpus": srv.threads}, user_config=batching.model_dump()).bind(
-            ModelConfig(folder=str(folder), threads=srv.threads, max_length=srv.max_length), board)
-        front = Front.options(num_replicas=srv.ingress_replicas, **drain, max_ongoing_requests=1000,
-                              ray_actor_options={"num_cpus": 0}, user_config=batching.model_dump()).bind(
-            model, FrontConfig(variant=variant, fingerprint=fingerprint, cache=spec.cache, limits=spec.limits), board)
+        model_config = ModelConfig(folder=str(folder), threads=srv.threads, max_length=srv.max_length)
+        front_config = FrontConfig(variant=variant, fingerprint=fingerprint, cache=spec.cache, limits=spec.limits)
         app = f"compress-{variant}-{uuid.uuid4().hex[:6]}"
-        try:
+
+        def deploy(batching: Batching) -> None:
+            """Runs the app; again with other batching, Serve only reconfigures the replicas."""
+            user_config = batching.model_dump()
+            model = Model.options(**scale, **drain, max_ongoing_requests=max(srv.max_ongoing_requests,
+                                                                             batching.max_batch_size),
+                                  ray_actor_options={"num_cpus": srv.threads}, user_config=user_config).bind(
+                model_config, board)
+            front = Front.options(num_replicas=srv.ingress_replicas, **drain, max_ongoing_requests=1000,
+                                  ray_actor_options={"num_cpus": 0}, user_config=user_config).bind(
+                model, front_config, board)
             serve.run(front, name=app, route_prefix="/", blocking=False)
+
+        try:
+            deploy(Batching(max_batch_size=srv.max_batch_size, batch_wait_timeout_s=srv.batch_wait_timeout_s))
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
             raise CompressError(f"{folder}: the server did not start ({first}); check that the variant loads "
                                 f"(`compress gate` or the benchmark) and the Ray Serve logs") from exc
         url = f"http://{'127.0.0.1' if srv.host in ('0.0.0.0', '::') else srv.host}:{port}"
-        return Server(url, variant, fingerprint, app, board, owns_ray, address is not None, srv.drain_timeout_s)
+        server = Server(url, variant, fingerprint, app, board, owns_ray, address is not None, srv.drain_timeout_s)
+        server._deploy, server._batching = deploy, (srv.max_batch_size, srv.batch_wait_timeout_s)
+        return server
     except BaseException:  # Ctrl-C or a failure half way: nothing is left running
         _teardown(app, board, owns_ray, address is not None)
         raise

@@ -32,6 +32,15 @@ def test_serve_errors_are_one_line(cli, tmp_path):
     assert code == 2 and "serving.cache.url" in err
 
 
+def test_without_the_serve_extra_the_error_says_what_to_install(cli, tmp_path, tokenizer_dir, monkeypatch):
+    from tests.serving.served_run import build_run
+
+    run = build_run(tmp_path, tokenizer_dir)
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as it does without the extra
+    code, _, err = cli("serve", run)
+    assert code == 2 and 'pip install -e ".[serve]"' in err and len(err.strip().splitlines()) == 1
+
+
 def test_sigterm_drains_in_flight_requests_and_leaves_nothing_running(tmp_path, tokenizer_dir):
     from tests.serving.served_run import build_run
 

@@ -84,6 +84,19 @@ def test_concurrent_requests_share_batches(server):
     assert sum(k * v for k, v in new.items()) == len(texts)  # every text ran once
     assert max(k for k, v in new.items() if v) > 1 and max(new) <= 8  # batched, never over max_batch_size
 
+    server.set_batching(max_batch_size=2)  # at runtime: the replicas are reconfigured, not restarted
+    try:
+        before = server.snapshot()
+        with ThreadPoolExecutor(12) as pool:
+            codes = list(pool.map(lambda t: post(server, [t, t + " again", t + " and again"]).status_code, texts))
+        assert codes == [200] * len(texts)
+        after = server.snapshot()
+        new = {k: v - before.batch_sizes.get(k, 0) for k, v in after.batch_sizes.items()}
+        assert {k for k, v in new.items() if v} == {1, 2} or {k for k, v in new.items() if v} == {2}
+        assert after.replicas == 1
+    finally:
+        server.set_batching(max_batch_size=8)
+
 
 BAD = [  # (method, path, body, headers, status)
     ("POST", "/predict", b"{not json", {}, 400),
