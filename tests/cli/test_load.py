@@ -1,6 +1,7 @@
-"""`compress load`: one-line errors (exit 2), and a finished tiny run served and measured
-under load through the command, as a user runs it: report.json gains its serving block
-(schema 7), the reports render it, LoadGen's summary logs sit in the run folder."""
+"""`compress load`: one-line errors (exit 2), and a tiny run served and measured under load
+as a user runs it: `compress run` with a serving block deciding on $/month, then `compress
+load` on the finished run; report.json gains its serving block (schema 7), the reports
+render it, LoadGen's summary logs sit in the run folder."""
 
 import json
 
@@ -29,12 +30,25 @@ def test_compress_load_measures_a_finished_run(cli, write_recipe, tiny_checkpoin
     from compress.run.runner import run_recipe
 
     raw = tiny_recipe(tiny_checkpoint, tiny_data)
-    run_recipe(validate_recipe(raw), tmp_path / "art")  # the run, without a serving block
+    serving = {"server": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01},
+               "load": {**FAST_LOAD, "configurations": ["batched_cache"], "max_runs": 1},
+               "traffic": {"peak_qps": 40, "mean_qps": 10, "peak_hours_per_day": 2,
+                           "zipf": {"pool": 50, "exponent": 1.2, "seed": 1}}}
+    # `compress run` with a serving block, deciding on $/month: the $/1K pick is served, and
+    # the decision is made again on its plan.
+    ran = run_recipe(validate_recipe({**raw, "serving": serving, "budget": {**raw["budget"],
+                                                                            "objective": "min_monthly_cost"}}),
+                     tmp_path / "art")
     run_dir = tmp_path / "art" / "tiny"
-    raw["serving"] = {"server": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01},
-                      "load": {**FAST_LOAD, "configurations": ["unbatched", "batched_cache"]},
-                      "traffic": {"peak_qps": 40, "mean_qps": 10, "peak_hours_per_day": 2,
-                                  "zipf": {"pool": 50, "exponent": 1.2, "seed": 1}}}
+    assert ran["schema_version"] == 7 and ran["decision"]["objective"] == "min_monthly_cost"
+    served = ran["serving"]["variant"]
+    row = next(r for r in ran["rows"] if r["id"] == served)
+    planned = bool(ran["serving"]["plan"]["rows"])
+    assert (row.get("usd_per_month") is not None) == planned
+    assert (ran["decision"]["selected"] == served) == planned  # the only variant with a $/month
+    assert ran["timing"]["serving_seconds"] > 0
+
+    raw["serving"] = {**serving, "load": {**FAST_LOAD, "configurations": ["unbatched", "batched_cache"]}}
     code, out, err = cli("load", run_dir, "--recipe", write_recipe(raw, "served.yaml"), "--variant", "int8")
     assert code == 0, err
     data = json.loads((run_dir / "report.json").read_text())
