@@ -277,6 +277,7 @@ def start(run_dir: Path, spec: ServingSpec, variant: str | None = None, port: in
     from compress.serving.stats import StatsBoard
 
     srv = spec.server
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # not a line per deployment on the terminal
     port = port or _free_port(srv.host)
     if address is None:
         _check_port(srv.host, port)

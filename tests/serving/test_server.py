@@ -160,7 +160,7 @@ def test_then_the_cascade_unbatched_behind_redis_which_goes_down(server, run_dir
         pytest.skip(why)
     server.stop()  # one server after the other in this process, as the load measurement serves them
     redis = RedisServer(tmp_path).start()
-    spec = ServingSpec.model_validate({"server": {"max_batch_size": 1},
+    spec = ServingSpec.model_validate({"server": {"max_batch_size": 1, "autoscaling": {"min_replicas": 1, "max_replicas": 2}},
                                        "cache": {"kind": "redis", "url": redis.url, "timeout_s": 0.2, "retry_s": 0.5}})
     s = start(run_dir, spec, variant="cascade")
     try:
