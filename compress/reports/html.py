@@ -280,7 +280,7 @@ def waterfall_plot(plan: "CostPlan") -> str:
         ax.annotate(f"-${w.saved_usd_month:,.0f}", (i, hi), textcoords="offset points", xytext=(0, 3), ha="center",
                     fontsize=7)
     ax.bar([len(labels) - 1], [end], color="#4575b4")
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xticks(range(len(labels)), [x.replace(" + ", "\n+ ") for x in labels], fontsize=8)
     ax.set_ylabel("$ per month")
     ax.set_title("what each lever saved", fontsize=10)
     ax.grid(alpha=0.3, axis="y")

@@ -51,23 +51,24 @@ def waterfall(rows: list[PlanRow]) -> list[WaterfallStep]:
     """What each lever saved, in order: variant, batching, cache, cascade on demand, then
     the prices (reserved base, spot burst) on what the chain ends at. A lever that would
     cost more is shown and not pulled: the chain goes on from the configuration before it.
-    A configuration that was not measured drops its lever out."""
+    Where a configuration has no plan (not measured, or no valid load), the step over it
+    names every lever it spans ("variant + batching")."""
     by = {r.config: r for r in rows}
-    # The chain starts at its first configuration with a plan: the unbatched baseline when it has one.
-    current = next((by[c] for c in ORDER if c in by), None)
-    if current is None:
+    present = [c for c in ORDER if c in by]
+    if not present:
         return []
+    current = by[present[0]]
     steps: list[WaterfallStep] = []
-    for lever, _, after in CHAIN:
-        nxt = by.get(after)
-        if nxt is None or nxt is current:
-            continue
+    for target in present[1:]:
+        nxt = by[target]
+        lo, hi = ORDER.index(current.config), ORDER.index(target)
+        lever = " + ".join(name for name, _, after in CHAIN if lo < ORDER.index(after) <= hi)
         before = current.on_demand_usd_month
-        steps.append(WaterfallStep(lever=lever, before=current.config, after=nxt.config, usd_month_before=before,
+        pulled = nxt.on_demand_usd_month <= before
+        steps.append(WaterfallStep(lever=lever, before=current.config, after=target, usd_month_before=before,
                                    usd_month_after=nxt.on_demand_usd_month,
-                                   saved_usd_month=before - nxt.on_demand_usd_month,
-                                   pulled=nxt.on_demand_usd_month <= before))
-        if nxt.on_demand_usd_month <= before:
+                                   saved_usd_month=before - nxt.on_demand_usd_month, pulled=pulled))
+        if pulled:
             current = nxt
     steps.append(WaterfallStep(lever="pricing", before=f"{current.config} on demand",
                                after=f"{current.config} reserved + spot", usd_month_before=current.on_demand_usd_month,

@@ -116,7 +116,7 @@ class PlanRow(Record):
 class WaterfallStep(Record):
     """What one lever saved, in $/month, from the configuration before it."""
 
-    lever: Lever
+    lever: str  # a Lever, or several joined by " + " where the configurations between have no plan
     before: str  # the configuration (or pricing) it starts from
     after: str
     usd_month_before: float

@@ -61,8 +61,9 @@ def test_the_waterfall_walks_the_levers_from_the_unbatched_baseline():
 
 def test_without_a_reference_or_a_measured_configuration_the_waterfall_says_so():
     plan = cost_plan([fig("unbatched", 20.0), fig("batched", None), fig("batched_cache", 40.0)], TRAFFIC, PRICING)
-    assert [s.lever for s in plan.waterfall] == ["cache", "pricing"]
-    assert plan.waterfall[0].before == "unbatched"
+    # batched has no valid load: the step from unbatched to batched + cache spans both levers.
+    assert [s.lever for s in plan.waterfall] == ["batching + cache", "pricing"]
+    assert plan.waterfall[0].before == "unbatched" and plan.waterfall[0].after == "batched_cache"
     assert any("batched: no valid load" in n for n in plan.notes)
     assert any("the waterfall starts at unbatched" in n for n in plan.notes)
     assert waterfall([]) == []
@@ -71,6 +72,10 @@ def test_without_a_reference_or_a_measured_configuration_the_waterfall_says_so()
                      TRAFFIC, PRICING)
     assert [s.lever for s in plan.waterfall] == ["cache", "pricing"] and plan.waterfall[0].before == "batched"
     assert any("starts at batched" in n for n in plan.notes)
+    # Batching that costs more is not pulled: the cache is then weighed against unbatched.
+    plan = cost_plan([fig("unbatched", 40.0), fig("batched", 20.0), fig("batched_cache", 100.0)], TRAFFIC, PRICING)
+    assert [(s.lever, s.before, s.pulled) for s in plan.waterfall] == [
+        ("batching", "unbatched", False), ("batching + cache", "unbatched", True), ("pricing", "batched_cache on demand", True)]
     only = cost_plan([fig("batched", 50.0)], TRAFFIC, PRICING)
     assert [s.lever for s in only.waterfall] == ["pricing"]
 
