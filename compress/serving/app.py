@@ -12,6 +12,7 @@ the model nothing. Imported only by compress.serving.server (it imports Ray).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -24,19 +25,9 @@ from starlette.responses import JSONResponse, Response
 from compress.recipe.serving import CacheSpec, LimitSpec
 from compress.serving.api import BadRequest, check_length, error_body, parse_predict, route
 from compress.serving.cache import Prediction, cache_key, make_cache
-from compress.serving.stats import FLUSH_S, BATCH_BOUNDS, Counts, prometheus
+from compress.serving.stats import BATCH_BOUNDS, FLUSH_S, Batching, Counts, Orders, prometheus
 
 log = logging.getLogger("compress.serving")
-
-
-class Batching(BaseModel):
-    """The deployments' user_config: changed at runtime through reconfigure (set_max_batch_size
-    and set_batch_wait_timeout_s of the batch queue), with no replica restarted."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_batch_size: int
-    batch_wait_timeout_s: float
 
 
 class ModelConfig(BaseModel):
@@ -45,6 +36,7 @@ class ModelConfig(BaseModel):
     folder: str
     threads: int
     max_length: int
+    batching: Batching  # the first; later ones come with the board's orders
 
 
 class FrontConfig(BaseModel):
@@ -54,37 +46,48 @@ class FrontConfig(BaseModel):
     fingerprint: str
     cache: CacheSpec
     limits: LimitSpec
+    batching: Batching
 
 
 class _Reporter:
-    """A replica's cumulative counts, sent to the StatsBoard every FLUSH_S (a front replica
-    every time, to hear from the board whether the server is draining; a model replica when
-    they changed)."""
+    """A replica's side of the StatsBoard: every FLUSH_S it sends its cumulative counts (when
+    they changed) and takes the board's orders (draining; the batching) in the answer."""
 
-    def __init__(self, board, poll: bool):
-        self.board, self.id, self.counts, self.poll = board, uuid.uuid4().hex[:12], Counts(), poll
+    def __init__(self, board, batching: Batching, on_batching):
+        self.board, self.id, self.counts = board, uuid.uuid4().hex[:12], Counts()
+        self.batching, self.on_batching = batching, on_batching
         self.cache_up: bool | None = None
         self.draining = False
         self._dirty, self._task = False, None
+        with contextlib.suppress(RuntimeError):  # Serve builds replicas inside their event loop
+            self._start()
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
 
     def changed(self) -> None:
         self._dirty = True
-        if self._task is None:  # started on the first call: the replica's event loop runs by then
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._start()  # where __init__ had no running loop to start it in
 
     def flush(self):
-        """Sends the counts; the reference answers whether the server is draining."""
-        self._dirty = False
-        return self.board.report.remote(self.id, self.counts.model_copy(deep=True), self.cache_up)
+        """Sends the counts; the reference resolves to the board's Orders."""
+        dirty, self._dirty = self._dirty, False
+        return self.board.report.remote(self.id, self.counts.model_copy(deep=True) if dirty else None, self.cache_up)
+
+    def obey(self, orders: Orders) -> None:
+        self.draining = orders.draining
+        if orders.batching != self.batching:
+            self.batching = orders.batching
+            self.on_batching(orders.batching)
 
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_S)
-            if self._dirty or self.poll:
-                try:
-                    self.draining = await self.flush()
-                except Exception:  # the board is gone (shutting down): counts no longer matter
-                    return
+            try:
+                self.obey(await self.flush())
+            except Exception:  # the board is gone (shutting down): counts no longer matter
+                return
 
 
 def _texts_in(chunks: list[list[str]]) -> int:
@@ -111,11 +114,12 @@ class Model:
             pass
         pred = self.classifier.predictor
         self.cascade = hasattr(pred, "routed_share")
-        self.reporter = _Reporter(board, poll=False)
+        self._batching(config.batching)
+        self.reporter = _Reporter(board, config.batching, self._batching)
         board.join.remote(self.reporter.id)
 
-    def reconfigure(self, user_config: dict) -> None:
-        b = Batching.model_validate(user_config)
+    def _batching(self, b: Batching) -> None:
+        """Applies batching at runtime: the next batch the queue forms follows it."""
         self.predict.set_max_batch_size(b.max_batch_size)
         self.predict.set_batch_wait_timeout_s(b.batch_wait_timeout_s)
 
@@ -126,7 +130,7 @@ class Model:
         out = [Prediction(**o[0]) for o in self.classifier(texts)]
         return out, round((pred.routed_share or 0.0) * len(texts)) if self.cascade else 0
 
-    # max_batch_size here is only the first value: reconfigure sets the recipe's at start.
+    # max_batch_size here is only the first value: __init__ sets the recipe's.
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=_texts_in)
     async def predict(self, chunks: list[list[str]]) -> list[list[Prediction]]:
         flat = [t for c in chunks for t in c]
@@ -160,11 +164,11 @@ class Front:
     def __init__(self, model, config: FrontConfig, board):
         self.model, self.config, self.board = model, config, board
         self.cache = make_cache(config.cache)
-        self.reporter = _Reporter(board, poll=True)
-        self.max_batch_size = 1
+        self.max_batch_size = config.batching.max_batch_size
+        self.reporter = _Reporter(board, config.batching, self._batching)
 
-    def reconfigure(self, user_config: dict) -> None:
-        self.max_batch_size = Batching.model_validate(user_config).max_batch_size
+    def _batching(self, b: Batching) -> None:
+        self.max_batch_size = b.max_batch_size
 
     async def __call__(self, request: Request) -> Response:
         start = time.perf_counter()
@@ -197,7 +201,8 @@ class Front:
                                  "cache": self.cache.kind if self.cache.up is not False else f"{self.cache.kind} (down)"})
         if path == "/metrics":
             self.reporter.cache_up, self.reporter.counts.cache_errors = self.cache.up, self.cache.errors
-            await self.reporter.flush()  # this replica's counts are current, the others' FLUSH_S old at most
+            self.reporter.changed()
+            self.reporter.obey(await self.reporter.flush())  # ours current, the others' FLUSH_S old at most
             stats = await self.board.total.remote()
             return Response(prometheus(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
         if self.reporter.draining:

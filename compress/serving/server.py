@@ -166,11 +166,12 @@ class Server:
     """A running served variant. stop() is idempotent."""
 
     def __init__(self, url: str, variant: str, fingerprint: str, app: str, board, owns_ray: bool, shared: bool,
-                 drain_timeout_s: float):
+                 drain_timeout_s: float, batching):
         self.url, self.variant, self.fingerprint = url, variant, fingerprint
         self._app, self._board, self._owns_ray, self._shared = app, board, owns_ray, shared
         self._drain_timeout_s = drain_timeout_s
-        self._deploy, self._batching = None, (1, 0.0)  # set by start()
+        self._batching = batching
+        self._max_ongoing = 100_000  # the model replicas' max_ongoing_requests, set by start()
         self.stopped = False
 
     def snapshot(self) -> ServerStats:
@@ -184,20 +185,23 @@ class Server:
         return stats
 
     def set_batching(self, max_batch_size: int | None = None, batch_wait_timeout_s: float | None = None) -> None:
-        """Changes the batching of the running server (its replicas' set_max_batch_size and
-        set_batch_wait_timeout_s, through Serve's user_config: no replica restarts)."""
-        from compress.recipe.serving import ServerSpec
-        from compress.serving.app import Batching
+        """Changes the batching of the running server: every replica applies it within a flush
+        interval (its @serve.batch queue's set_max_batch_size and set_batch_wait_timeout_s), no
+        replica restarts; this returns once they have had the time to."""
+        import ray
 
-        size, wait = self._batching
-        size = size if max_batch_size is None else max_batch_size
-        wait = wait if batch_wait_timeout_s is None else batch_wait_timeout_s
-        try:  # the recipe's own bounds
-            ServerSpec(max_batch_size=size, batch_wait_timeout_s=wait, max_ongoing_requests=max(size, 64))
+        from compress.recipe.serving import ServerSpec
+        from compress.serving.stats import Batching
+
+        size = self._batching.max_batch_size if max_batch_size is None else max_batch_size
+        wait = self._batching.batch_wait_timeout_s if batch_wait_timeout_s is None else batch_wait_timeout_s
+        try:  # the recipe's own bounds, and batches that can fill on this server
+            ServerSpec(max_batch_size=size, batch_wait_timeout_s=wait, max_ongoing_requests=self._max_ongoing)
         except ValidationError as exc:
             raise CompressError(f"set_batching: {exc.errors()[0]['msg']}") from exc
-        self._deploy(Batching(max_batch_size=size, batch_wait_timeout_s=wait))
-        self._batching = (size, wait)
+        self._batching = Batching(max_batch_size=size, batch_wait_timeout_s=wait)
+        ray.get(self._board.set_batching.remote(self._batching), timeout=30)
+        time.sleep(3 * FLUSH_S)
 
     def stop(self) -> None:
         """Drains requests in flight (each replica waits for its ongoing requests, at most
@@ -273,8 +277,8 @@ def start(run_dir: Path, spec: ServingSpec, variant: str | None = None, port: in
     ray = _need_ray()
     from ray import serve
 
-    from compress.serving.app import Batching, Front, FrontConfig, Model, ModelConfig
-    from compress.serving.stats import StatsBoard
+    from compress.serving.app import Front, FrontConfig, Model, ModelConfig
+    from compress.serving.stats import Batching, StatsBoard
 
     srv = spec.server
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # not a line per deployment on the terminal
@@ -294,38 +298,34 @@ def start(run_dir: Path, spec: ServingSpec, variant: str | None = None, port: in
                                 f"{fewest * srv.threads} CPUs; Ray has {cpus:g}; lower num_replicas or threads")
         serve.start(http_options={"host": srv.host, "port": port}, proxy_location="HeadOnly",
                     logging_config={"log_level": "WARNING"})
-        board = ray.remote(num_cpus=0)(StatsBoard).remote(variant, spec.cache.kind, fmt == "cascade")
         drain = {"graceful_shutdown_wait_loop_s": 0.2, "graceful_shutdown_timeout_s": srv.drain_timeout_s}
         scale = ({"autoscaling_config": {"min_replicas": srv.autoscaling.min_replicas,
                                          "max_replicas": srv.autoscaling.max_replicas,
                                          "target_ongoing_requests": srv.autoscaling.target_ongoing_requests,
                                          "upscale_delay_s": 2.0, "downscale_delay_s": 30.0}}
                  if srv.autoscaling else {"num_replicas": srv.num_replicas})
-        model_config = ModelConfig(folder=str(folder), threads=srv.threads, max_length=srv.max_length)
-        front_config = FrontConfig(variant=variant, fingerprint=fingerprint, cache=spec.cache, limits=spec.limits)
+        batching = Batching(max_batch_size=srv.max_batch_size, batch_wait_timeout_s=srv.batch_wait_timeout_s)
+        board = ray.remote(num_cpus=0)(StatsBoard).remote(variant, spec.cache.kind, fmt == "cascade", batching)
+        # Batching changes later through the board (Server.set_batching): Serve's user_config
+        # would do, but serve.run gives each deployment a new version and so new replicas.
+        model = Model.options(**scale, **drain, max_ongoing_requests=srv.max_ongoing_requests,
+                              ray_actor_options={"num_cpus": srv.threads}).bind(
+            ModelConfig(folder=str(folder), threads=srv.threads, max_length=srv.max_length, batching=batching), board)
+        front = Front.options(num_replicas=srv.ingress_replicas, **drain, max_ongoing_requests=1000,
+                              ray_actor_options={"num_cpus": 0}).bind(
+            model, FrontConfig(variant=variant, fingerprint=fingerprint, cache=spec.cache, limits=spec.limits,
+                               batching=batching), board)
         app = f"compress-{variant}-{uuid.uuid4().hex[:6]}"
-
-        def deploy(batching: Batching) -> None:
-            """Runs the app; again with other batching, Serve only reconfigures the replicas."""
-            user_config = batching.model_dump()
-            model = Model.options(**scale, **drain, max_ongoing_requests=max(srv.max_ongoing_requests,
-                                                                             batching.max_batch_size),
-                                  ray_actor_options={"num_cpus": srv.threads}, user_config=user_config).bind(
-                model_config, board)
-            front = Front.options(num_replicas=srv.ingress_replicas, **drain, max_ongoing_requests=1000,
-                                  ray_actor_options={"num_cpus": 0}, user_config=user_config).bind(
-                model, front_config, board)
-            serve.run(front, name=app, route_prefix="/", blocking=False)
-
         try:
-            deploy(Batching(max_batch_size=srv.max_batch_size, batch_wait_timeout_s=srv.batch_wait_timeout_s))
+            serve.run(front, name=app, route_prefix="/", blocking=False)
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
             raise CompressError(f"{folder}: the server did not start ({first}); check that the variant loads "
                                 f"(`compress gate` or the benchmark) and the Ray Serve logs") from exc
         url = f"http://{'127.0.0.1' if srv.host in ('0.0.0.0', '::') else srv.host}:{port}"
-        server = Server(url, variant, fingerprint, app, board, owns_ray, address is not None, srv.drain_timeout_s)
-        server._deploy, server._batching = deploy, (srv.max_batch_size, srv.batch_wait_timeout_s)
+        server = Server(url, variant, fingerprint, app, board, owns_ray, address is not None, srv.drain_timeout_s,
+                        batching)
+        server._max_ongoing = srv.max_ongoing_requests
         return server
     except BaseException:  # Ctrl-C or a failure half way: nothing is left running
         _teardown(app, board, owns_ray, address is not None)

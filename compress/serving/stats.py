@@ -87,6 +87,21 @@ class Counts(_Record):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
+class Batching(_Record):
+    """The model's batching, applied by every replica at runtime (set_max_batch_size and
+    set_batch_wait_timeout_s of its @serve.batch queue; the fronts cut requests to it)."""
+
+    max_batch_size: int
+    batch_wait_timeout_s: float
+
+
+class Orders(_Record):
+    """What the board answers a replica's report with."""
+
+    draining: bool
+    batching: Batching
+
+
 class ServerStats(_Record):
     """A served variant's figures, summed over its replicas (see the module docstring)."""
 
@@ -117,8 +132,8 @@ class ServerStats(_Record):
 class StatsBoard:
     """The one place the replicas' counts meet (a Ray actor with no CPU of its own)."""
 
-    def __init__(self, variant: str, cache: str, cascade: bool):
-        self.variant, self.cache, self.cascade = variant, cache, cascade
+    def __init__(self, variant: str, cache: str, cascade: bool, batching: Batching):
+        self.variant, self.cache, self.cascade, self.batching = variant, cache, cascade, batching
         self.counts: dict[str, Counts] = {}  # replica id -> its latest cumulative counts
         self.models: set[str] = set()  # model replicas running
         self.cache_up: dict[str, bool] = {}  # front replica id -> its cache answered last time
@@ -127,18 +142,25 @@ class StatsBoard:
     def drain(self) -> None:
         self.draining = True
 
+    def set_batching(self, batching: Batching) -> None:
+        self.batching = batching
+
+    def orders(self) -> Orders:
+        return Orders(draining=self.draining, batching=self.batching)
+
     def join(self, replica: str) -> None:
         self.models.add(replica)
 
     def leave(self, replica: str) -> None:
         self.models.discard(replica)
 
-    def report(self, replica: str, counts: Counts, cache_up: bool | None = None) -> bool:
-        """Keeps a replica's latest counts; answers whether the server is draining."""
-        self.counts[replica] = counts
+    def report(self, replica: str, counts: Counts | None, cache_up: bool | None = None) -> Orders:
+        """Keeps a replica's latest counts (None: no news); answers with the orders."""
+        if counts is not None:
+            self.counts[replica] = counts
         if cache_up is not None:
             self.cache_up[replica] = cache_up
-        return self.draining
+        return self.orders()
 
     def total(self) -> ServerStats:
         total = Counts()

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("ray.serve", reason="needs the serve extra: pip install -e \".[serve]\"")
 requests = pytest.importorskip("requests")
 
+from compress.core.errors import CompressError  # noqa: E402
 from compress.data.artifacts import ArtifactStore  # noqa: E402
 from compress.recipe.serving import ServingSpec  # noqa: E402
 from compress.serving.server import ray_session, start  # noqa: E402
@@ -84,7 +85,9 @@ def test_concurrent_requests_share_batches(server):
     assert sum(k * v for k, v in new.items()) == len(texts)  # every text ran once
     assert max(k for k, v in new.items() if v) > 1 and max(new) <= 8  # batched, never over max_batch_size
 
-    server.set_batching(max_batch_size=2)  # at runtime: the replicas are reconfigured, not restarted
+    with pytest.raises(CompressError, match="never fill"):
+        server.set_batching(max_batch_size=65)  # over the replicas' max_ongoing_requests
+    server.set_batching(max_batch_size=2)  # at runtime: the replicas apply it, none restarts
     try:
         before = server.snapshot()
         with ThreadPoolExecutor(12) as pool:
