@@ -124,7 +124,8 @@ class LoadSpec(_Strict):
                               "459 queries or more in a run before it can be VALID; runs are lengthened to that.")
     min_duration_s: PositiveFloat = Field(5.0, description="LoadGen's min_duration: the shortest scheduled run.")
     min_queries: PositiveInt = Field(64, description="LoadGen's min_query_count (raised to what early stopping "
-                                     "needs at `percentile`).")
+                                     "needs at `percentile`). At 0.99 a run of 459 queries is VALID only with none "
+                                     "over the SLO; 662 lets one pass, 838 two (LoadGen's early-stopping rule).")
     max_run_s: PositiveFloat = Field(60.0, description="The longest a run may be scheduled: the search offers no "
                                      "load so low that the queries a run needs would take longer.")
     start_qps: PositiveFloat = Field(8.0, description="The first offered load of the search.")

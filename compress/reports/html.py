@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from html import escape
 
 from compress.decision.decide import Row
@@ -254,8 +255,17 @@ def latency_plot(s: "ServingReport") -> str:
         if c.knee_qps is not None:
             ax.axvline(c.knee_qps, color=colour, ls="--", lw=0.6, alpha=0.6)
     ax.axhline(s.slo_ms, color="#f46d43", ls="-.", lw=1.2, label=f"SLO (p{s.percentile * 100:g})")
+    from matplotlib.ticker import FuncFormatter
+
     ax.set_xscale("log")
     ax.set_yscale("log")
+    def plain(v, _):  # 20, 50, 100: not 2x10^1; minor ticks labelled at 2 and 5 only
+        lead = v / 10 ** math.floor(math.log10(v)) if v > 0 else 0
+        return f"{v:g}" if round(lead) in (1, 2, 5) else ""
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(plain))
+        axis.set_minor_formatter(FuncFormatter(plain))
     ax.set_xlabel("offered load (QPS, Poisson)")
     ax.set_ylabel("latency (ms): p99 solid, p50 dotted")
     ax.set_title("latency against load (filled: VALID; dashed: knee)", fontsize=10)
