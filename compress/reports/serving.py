@@ -22,7 +22,7 @@ def _at_max(c: ConfigFigures) -> LoadRun | None:
 
 def config_rows(s: ServingReport) -> tuple[list[str], list[list[str]]]:
     heads = ["configuration", "variant", "max valid QPS", "knee QPS", "p50/p95/p99 ms at it", "goodput/s",
-             "CPU", "mean batch", "cache hits (repeats sent)", "routed", "runs valid/invalid"]
+             "CPU", "batches (size x count)", "cache hits (repeats sent)", "routed", "runs valid/invalid"]
     out = []
     for c in s.configs:
         at = _at_max(c)
@@ -36,11 +36,20 @@ def config_rows(s: ServingReport) -> tuple[list[str], list[list[str]]]:
             CONFIG_LABEL.get(c.name, c.name), c.variant,
             "-" if c.max_valid_qps is None else f"{c.max_valid_qps:.1f}", _f(c.knee_qps), lat,
             _f(c.goodput_qps), "-" if c.cpu_utilisation is None else f"{c.cpu_utilisation:.0%}",
-            _f(srv.mean_batch_size if srv else None, ".2f"), hits,
+            batches(srv), hits,
             "-" if srv is None or srv.routed_share is None else f"{srv.routed_share:.0%}",
             f"{valid}/{len(c.runs) - valid}" if c.runs else ("error" if c.error else "-"),
         ])
     return heads, out
+
+
+def batches(srv) -> str:
+    """The server's batch-size histogram, the commonest sizes first, and the mean."""
+    if srv is None or not srv.batch_sizes:
+        return "-"
+    top = sorted(srv.batch_sizes.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = ", ".join(f"{k}x{v}" for k, v in top[:4]) + (", ..." if len(top) > 4 else "")
+    return f"{shown} (mean {srv.mean_batch_size:.2f})" if srv.mean_batch_size is not None else shown
 
 
 def plan_rows(plan: CostPlan) -> tuple[list[str], list[list[str]]]:

@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from compress.core.errors import StageError
+from compress.core.errors import CompressError, StageError
 from compress.recipe.schema import BENCHMARKABLE, MODEL_ID
 
 
@@ -114,10 +114,14 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
             log("load: no variant selected, so none is served under load")
         else:
             t_load = time.perf_counter()
-            serving = measure_and_plan(recipe, run_dir, data.eval.texts,
-                                       served_variants(recipe, decision.selected, rows), log)
+            try:
+                serving = measure_and_plan(recipe, run_dir, data.eval.texts,
+                                           served_variants(recipe, decision.selected, rows), log)
+                attach(rows, serving, decision.device)
+            except CompressError as exc:  # the run's other figures still make their reports
+                log(f"load: not measured: {exc}")
+                bench_notes.append(f"serving: not measured under load: {exc}")
             serving_seconds = time.perf_counter() - t_load
-            attach(rows, serving, decision.device)
         if recipe.budget.objective == "min_monthly_cost":
             decision = redecide(rows, policy, devices, eval_examples)
     else:

@@ -82,6 +82,10 @@ def measure(run_dir: Path, spec: ServingSpec, served: Served, traffic: "Traffic"
     another; writes each run's LoadGen logs under run_dir/serving/<configuration>/."""
     from compress.serving.traffic import duplicate_share
 
+    try:
+        import mlperf_loadgen  # noqa: F401
+    except ImportError as exc:
+        raise CompressError('the load needs MLPerf LoadGen, which is not installed: pip install -e ".[serve]"') from exc
     session: contextlib.AbstractContextManager = contextlib.nullcontext()
     if start_server is None:
         from compress.serving.server import ray_session

@@ -87,6 +87,7 @@ def test_report_md_shows_the_configurations_the_plan_the_waterfall_and_every_pri
     assert "### Serving" in md and "p99 at most 250 ms" in md
     assert "| batched + cache | int8 | 160.0 |" in md
     assert "40.0% (45.0%)" in md  # the cache's hit rate beside the repeats sent
+    assert "8x100, 1x10 (mean 7.40)" in md  # the batch-size histogram
     assert "46.0% expected, 45.0% as sent" in md
     for lever in ("variant", "batching", "cache", "pricing"):
         assert f"- {lever}: " in md
