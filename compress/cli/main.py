@@ -284,6 +284,8 @@ def serve(
         given = {k: v for k, v in over.items() if v is not None}
         if given:
             raw[block] = {**raw.get(block, {}), **given}
+    if replicas is not None:  # a fixed count replaces the recipe's autoscaling
+        raw["server"].pop("autoscaling", None)
     try:
         spec = ServingSpec.model_validate(raw)
     except ValidationError as exc:

@@ -117,8 +117,12 @@ def run_serving_spec(run_dir: Path) -> ServingSpec:
         return ServingSpec()
     except (OSError, ValueError, ValidationError, RecursionError) as exc:
         raise CompressError(f"{path}: unreadable ({type(exc).__name__}); re-run `compress run`, or give --recipe") from exc
+    raw = dict(raw or {})
+    server = raw.get("server")
+    if isinstance(server, dict) and server.get("autoscaling") is not None:  # the resolved recipe
+        raw["server"] = {k: v for k, v in server.items() if k != "num_replicas"}  # fills in num_replicas too
     try:
-        return ServingSpec.model_validate(raw or {})
+        return ServingSpec.model_validate(raw)
     except ValidationError as exc:
         e = exc.errors()[0]
         where = ".".join(str(p) for p in e["loc"])
