@@ -295,7 +295,11 @@ def serve(
 
     stop = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    server = start(run_dir, spec, variant=variant, port=spec.server.port if port is None else port, address=address)
+    try:
+        server = start(run_dir, spec, variant=variant, port=spec.server.port if port is None else port, address=address)
+    except KeyboardInterrupt:  # start() has stopped what it began
+        log("interrupted before the server was up; nothing is left running")
+        raise typer.Exit(128 + 15 if _state.get("terminated") else 130) from None
     try:
         for sig in previous:  # after start(): Ray's init sets handlers of its own
             signal.signal(sig, lambda *_: stop.set())

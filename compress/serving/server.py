@@ -9,10 +9,12 @@
 
 `start(run_dir, spec, variant=None, port=0, address=None) -> Server`: `variant` None serves the
 run's selected one (report.json's decision.selected); `port` 0 picks a free port; `address`
-joins a Ray cluster instead of starting a local Ray. Call it with different ServingSpec copies
+joins a Ray cluster instead of starting a local Ray; `port` is the one place the port comes
+from (spec.server.port is the command's default). Call it with different ServingSpec copies
 one after another in one process (stop each first). To keep one local Ray across several
 servers (Ray takes seconds to start), wrap them in `with ray_session(): ...`: start() then
-reuses that Ray and stop() leaves it running.
+reuses that Ray and stop() leaves it running. ServerStats counts since start(): take one
+snapshot before a measurement and one after, and subtract.
 """
 
 from __future__ import annotations
