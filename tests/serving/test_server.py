@@ -36,7 +36,9 @@ def ray_up():
 
 @pytest.fixture(scope="module")
 def server(run_dir, ray_up):
-    spec = ServingSpec.model_validate({"server": {"max_batch_size": 8, "batch_wait_timeout_s": 0.05}, "limits": LIMITS})
+    # Two model replicas: the counts below are sums over both (compress.serving.stats).
+    spec = ServingSpec.model_validate({"server": {"max_batch_size": 8, "batch_wait_timeout_s": 0.05, "num_replicas": 2},
+                                       "limits": LIMITS})
     s = start(run_dir, spec)
     yield s
     s.stop()
@@ -71,7 +73,7 @@ def test_serves_the_selected_variant_as_a_pipeline_answers_and_the_cache_answers
     after = server.snapshot()
     assert after.cache_hits - before.cache_hits == len(TEXTS)
     assert after.cache_misses - before.cache_misses == len(TEXTS)
-    assert after.requests[200] - before.requests.get(200, 0) == 2 and after.replicas == 1
+    assert after.requests[200] - before.requests.get(200, 0) == 2 and after.replicas == 2
 
 
 def test_concurrent_requests_share_batches(server):
@@ -82,7 +84,7 @@ def test_concurrent_requests_share_batches(server):
     assert codes == [200] * len(texts)
     after = server.snapshot()
     new = {k: v - before.batch_sizes.get(k, 0) for k, v in after.batch_sizes.items()}
-    assert sum(k * v for k, v in new.items()) == len(texts)  # every text ran once
+    assert sum(k * v for k, v in new.items()) == len(texts)  # every text ran once, on one replica or the other
     assert max(k for k, v in new.items() if v) > 1 and max(new) <= 8  # batched, never over max_batch_size
 
     with pytest.raises(CompressError, match="never fill"):
@@ -96,7 +98,7 @@ def test_concurrent_requests_share_batches(server):
         after = server.snapshot()
         new = {k: v - before.batch_sizes.get(k, 0) for k, v in after.batch_sizes.items()}
         assert {k for k, v in new.items() if v} == {1, 2} or {k for k, v in new.items() if v} == {2}
-        assert after.replicas == 1
+        assert after.replicas == 2
     finally:
         server.set_batching(max_batch_size=8)
 
@@ -153,7 +155,7 @@ def test_metrics_is_prometheus_text(server):
     assert lines['compress_request_latency_seconds_bucket{variant="small",le="+Inf"}'] >= 1
     assert lines['compress_batch_size_count{variant="small"}'] >= 1
     assert 'compress_cache_hits_total{variant="small",cache="memory"}' in lines
-    assert lines['compress_replicas{variant="small"}'] == 1
+    assert lines['compress_replicas{variant="small"}'] == 2
     assert not any(k.startswith("compress_cascade_routed_share") for k in lines)  # not a cascade
 
 
