@@ -164,7 +164,7 @@ class ZipfSpec(_Strict):
 
 class TrafficSpec(_Strict):
     """The traffic the plan is sized for, and the requests the load sends: Zipf draws over
-    eval texts, or a request log replayed in its order."""
+    eval texts, or a request log replayed line after line."""
 
     peak_qps: PositiveFloat = Field(100.0, description="Requests per second at the daily peak.")
     mean_qps: PositiveFloat = Field(40.0, description="Requests per second over the whole day.")

@@ -78,7 +78,7 @@ def traffic_line(s: ServingReport) -> str:
         what = f"Zipf (exponent {t.exponent:g}) over {t.distinct_texts} distinct eval texts, seed {t.seed}"
     else:
         rates = f", its own mean {t.log_mean_qps:.1f} and peak {t.log_peak_qps:.1f} QPS" if t.log_mean_qps else ""
-        what = f"the request log {t.log} ({t.log_requests} requests, {t.distinct_texts} distinct texts{rates}), in order"
+        what = f"the request log {t.log} ({t.log_requests} requests, {t.distinct_texts} distinct texts{rates}), line after line"
     share = ""
     if t.requests:
         parts = []

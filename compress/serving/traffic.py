@@ -1,5 +1,5 @@
 """The requests a load sends, explicit and reproducible: Zipf draws over a pool of distinct
-eval texts (seeded), or a request log replayed in its order.
+eval texts (seeded), or a request log replayed line after line.
 
 A traffic is a stream: request k is always the same text, however the stream is read, so
 every configuration receives the same requests and a run's share of repeated texts can be
@@ -109,7 +109,7 @@ class Traffic:
                     f"{self.seed}: over {requests} requests {share:.1%} of them repeat a text asked before")
         share = duplicate_share(self.ids(0, requests))
         return (f"traffic: the request log {self.log} ({len(self.order or [])} requests, {len(self.texts)} distinct "
-                f"texts) replayed in order: over {requests} requests {share:.1%} repeat a text asked before")
+                f"texts) replayed line after line (each run's lines in LoadGen's order): over {requests} requests {share:.1%} repeat a text asked before")
 
 
 def zipf_traffic(texts: list[str], pool: int, exponent: float, seed: int) -> Traffic:
@@ -124,7 +124,9 @@ def zipf_traffic(texts: list[str], pool: int, exponent: float, seed: int) -> Tra
 
 
 def log_traffic(path: Path) -> Traffic:
-    """A request log: JSON Lines of {"timestamp": seconds, "text": "..."}, replayed in order."""
+    """A request log: JSON Lines of {"timestamp": seconds, "text": "..."}, replayed line after
+    line: each LoadGen run sends the next lines, once each, in LoadGen's seeded order at its
+    Poisson arrivals (the timestamps give the log's own rates, reported beside the figures)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError as exc:

@@ -64,7 +64,7 @@ def _log(path, rows):
     return path
 
 
-def test_a_request_log_is_replayed_in_order_and_wraps_around(tmp_path):
+def test_a_request_log_is_replayed_line_after_line_and_wraps_around(tmp_path):
     rows = [{"timestamp": i * 0.5, "text": t} for i, t in enumerate(["x", "y", "x", "z", "x"])]
     t = log_traffic(_log(tmp_path / "log.jsonl", rows))
     sent = [t.texts[i] for i in t.ids(0, 7)]
@@ -72,7 +72,7 @@ def test_a_request_log_is_replayed_in_order_and_wraps_around(tmp_path):
     assert duplicate_share(t.ids(0, 5)) == pytest.approx(2 / 5)
     assert t.expected_duplicate_share(5) is None  # a log's share is counted, not modelled
     assert t.log_mean_qps == pytest.approx(2.0)
-    assert "replayed in order" in t.describe(5) and "40.0%" in t.describe(5)
+    assert "replayed line after line" in t.describe(5) and "40.0%" in t.describe(5)
     spec = TrafficSpec(log="log.jsonl")
     assert traffic_from_spec(spec, TEXTS, tmp_path).kind == "log"
 
