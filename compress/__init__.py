@@ -11,6 +11,7 @@ layer or lower ones (tests/test_layers.py checks every import against this order
     techniques  training, distillation, batched prediction, parity, the classifier pipeline
     stages      one module per stage kind: a config, a typed result and run(ctx)
     bench       the typed benchmark job and measurement, the worker process, its cache
+    serving     a variant behind Ray Serve, the load LoadGen drives at it, the capacity plan
     decision    rows, budget checks, the quality gate, the selected variant
     reports     report.json's records and every rendering of them
     run         the plan, the executor, `compress init`
@@ -24,4 +25,4 @@ recipe block, data, scoring, timing) lives in one folder.
 __version__ = "0.1.0"
 
 # Bottom -> top: the layer folders of this package (tests/test_layers.py reads them).
-LAYERS = ("core", "recipe", "data", "formats", "techniques", "stages", "bench", "decision", "reports", "run", "cli")
+LAYERS = ("core", "recipe", "data", "formats", "techniques", "stages", "bench", "serving", "decision", "reports", "run", "cli")

@@ -145,6 +145,38 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run folder (artifacts
 
 
 @app.command()
+def load(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run folder (artifacts/NAME).", show_default=False)],
+    recipe: Annotated[Optional[Path], typer.Option(help="The recipe with the `serving:` block (default: the "
+                                                   "one the run was made from).")] = None,
+    set_: SetOpt = None,
+    variant: Annotated[Optional[str], typer.Option(help="The variant to serve (default: the run's selected one).")] = None,
+) -> None:
+    """Serve the run's variant in each configuration, measure it under load (MLPerf LoadGen's server scenario over
+    HTTP) and plan capacity and $/month for the recipe's traffic."""
+    from compress.core.console import log
+    from compress.recipe.schema import load_recipe
+    from compress.reports.render import print_report
+    from compress.reports.report_json import read_report
+    from compress.run.load import load_run
+
+    if recipe is None:
+        made_from = read_report(run_dir).manifest.recipe_file
+        if not made_from or not Path(made_from).is_file():
+            raise CompressError(f"{run_dir}: the recipe it was made from is not at hand ({made_from or 'not recorded'}); "
+                                f"give --recipe FILE")
+        recipe = Path(made_from)
+    r = load_recipe(recipe, set_ or [])
+    if r.serving is None:
+        raise CompressError(f"{recipe}: no `serving:` block, so nothing to load; add one "
+                            f"(recipes/bert_sentiment.yaml has an example) or give --recipe FILE")
+    rep = load_run(r, run_dir, variant=variant, log=log)
+    print_report(rep)
+    log(f"reports: {run_dir / 'report.md'}, {run_dir / 'report.html'}, {run_dir / 'serving' / 'serving.json'}")
+    raise typer.Exit(rep.decision.exit_code if rep.budget.objective == "min_monthly_cost" else EXIT_OK)
+
+
+@app.command()
 def gate(
     report_path: Annotated[Path, typer.Argument(metavar="REPORT", help="report.json or its run folder.")],
     variant: Annotated[str, typer.Option(help="The variant to check.")],
@@ -207,6 +239,82 @@ def compare(
     if markdown is not None:
         markdown.write_text(compare_markdown(cmp), encoding="utf-8")
     raise typer.Exit(EXIT_BUDGET if fail_on_regression and cmp["regressions"] else EXIT_OK)
+
+
+@app.command()
+def serve(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run folder (artifacts/NAME).", show_default=False)],
+    variant: Annotated[Optional[str], typer.Option(help="The variant to serve (default: the run's selected one).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="HTTP port (default: serving.server.port; 0 picks a free one).",
+                                                min=0, max=65535)] = None,
+    address: Annotated[Optional[str], typer.Option(help="A Ray cluster to serve on (ray://HOST:10001 or auto) "
+                                                   "instead of a local Ray started and stopped here.")] = None,
+    recipe: Annotated[Optional[Path], typer.Option(help="Take the serving block from this recipe instead of the "
+                                                   "one the run was made with.")] = None,
+    host: Annotated[Optional[str], typer.Option(help="Listen address (default: serving.server.host).")] = None,
+    replicas: Annotated[Optional[int], typer.Option(help="Model replicas (serving.server.num_replicas).", min=1)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="Intra-op threads per replica (serving.server.threads).", min=1)] = None,
+    max_batch_size: Annotated[Optional[int], typer.Option(help="Texts per model call (serving.server.max_batch_size); "
+                                                          "1 serves unbatched.", min=1)] = None,
+    batch_wait_ms: Annotated[Optional[float], typer.Option(help="Longest wait for a batch to fill, in ms "
+                                                           "(serving.server.batch_wait_timeout_s).", min=0)] = None,
+    cache: Annotated[Optional[str], typer.Option(help="Result cache: none, memory or redis (serving.cache.kind).")] = None,
+    cache_url: Annotated[Optional[str], typer.Option(help="Redis URL of the redis cache (serving.cache.url).")] = None,
+) -> None:
+    """Serve a variant of a finished run over HTTP on Ray Serve (POST /predict, GET /healthz, GET /metrics) until SIGTERM or Ctrl-C."""
+    import signal
+    import threading
+
+    from pydantic import ValidationError
+
+    from compress.core.console import log
+    from compress.recipe.schema import load_recipe
+    from compress.recipe.serving import ServingSpec
+    from compress.serving.server import run_serving_spec, start
+
+    if recipe is not None:
+        spec = load_recipe(recipe).serving or ServingSpec()
+    else:
+        spec = run_serving_spec(run_dir)
+    raw = spec.model_dump(mode="json", exclude_unset=True)
+    server_over = {"host": host, "num_replicas": replicas, "threads": threads, "max_batch_size": max_batch_size,
+                   "batch_wait_timeout_s": None if batch_wait_ms is None else batch_wait_ms / 1000}
+    cache_over = {"kind": cache, "url": cache_url}
+    for block, over in (("server", server_over), ("cache", cache_over)):
+        given = {k: v for k, v in over.items() if v is not None}
+        if given:
+            raw[block] = {**raw.get(block, {}), **given}
+    if replicas is not None:  # a fixed count replaces the recipe's autoscaling
+        raw["server"].pop("autoscaling", None)
+    try:
+        spec = ServingSpec.model_validate(raw)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(p) for p in e["loc"])
+        raise CompressError(f"serving.{where}: {e['msg'].removeprefix('Value error, ')} (from the recipe or a flag)") from exc
+
+    stop = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server = start(run_dir, spec, variant=variant, port=spec.server.port if port is None else port, address=address)
+    except KeyboardInterrupt:  # start() has stopped what it began
+        log("interrupted before the server was up; nothing is left running")
+        raise typer.Exit(128 + 15 if _state.get("terminated") else 130) from None
+    try:
+        for sig in previous:  # after start(): Ray's init sets handlers of its own
+            signal.signal(sig, lambda *_: stop.set())
+        s = spec.server
+        log(f"serving {server.variant} at {server.url} (POST /predict, GET /healthz, GET /metrics); "
+            f"batch <= {s.max_batch_size} texts, {s.num_replicas if s.autoscaling is None else 'autoscaled'} "
+            f"replica(s) x {s.threads} thread(s), cache {spec.cache.kind}; SIGTERM or Ctrl-C stops it")
+        while not stop.wait(0.5):
+            pass
+        log(f"stopping: draining requests in flight (at most {s.drain_timeout_s:g}s)")
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log("stopped")
 
 
 @app.command()

@@ -26,7 +26,9 @@ from compress.core.task import DEFAULT_TASK, Metric, get_task
 if TYPE_CHECKING:  # pragma: no cover
     from compress.core.task import Task
 
-OBJECTIVE_KEY = {"min_cost": "usd_per_1k", "min_latency": "p95_ms", "min_size": "size_mb"}
+# min_monthly_cost: the serving plan's $/month at the SLO (compress/serving/plan.py), for served variants only.
+OBJECTIVE_KEY = {"min_cost": "usd_per_1k", "min_latency": "p95_ms", "min_size": "size_mb",
+                 "min_monthly_cost": "usd_per_month"}
 
 
 class Variant(Record):
@@ -142,6 +144,9 @@ class Row(Variant):
     # budget: the eval split size at which the interval would clear the budget, were the
     # delta and its per-example spread the same there (stats.examples_to_clear).
     examples_to_pass: int | None = None
+    # Served under load (the recipe's `serving:` block): the cheapest capacity plan's $/month at
+    # the SLO for the recipe's traffic, reserved base and spot burst (report.json `serving.plan`).
+    usd_per_month: float | None = None
     verdict: str | None = None
     reasons: list[str] = []
     checks: list[Check] | None = None
@@ -152,7 +157,7 @@ class Row(Variant):
     _scores: tuple[float, ...] | None = PrivateAttr(default=None)
 
     def figure(self, key: str) -> float | None:
-        """An objective's figure (OBJECTIVE_KEY): usd_per_1k, p95_ms or size_mb."""
+        """An objective's figure (OBJECTIVE_KEY): usd_per_1k, p95_ms, size_mb or usd_per_month."""
         return getattr(self, key)
 
 
@@ -588,7 +593,10 @@ def _check_candidates(rows: list[Row], d: _Deciding) -> tuple[list[Row], list[Ro
             reasons = [f"benchmark failed: {r.error}"]
         else:
             reasons = [c.message for c in r.checks if c.status == "fail"]
-            if r.figure(d.key) is None:
+            if r.figure(d.key) is None and d.key == "usd_per_month":
+                reasons.append("no usd_per_month figure: not served under load (the serving block serves the "
+                               "min_cost pick and the run's cascade)")
+            elif r.figure(d.key) is None:
                 reasons.append(f"no {d.key} figure (no price for {d.device}?)")
         r.reasons = reasons
         candidates.append(r)
@@ -937,10 +945,11 @@ def task_check(r: Row, max_drop: float, gate_on: str) -> Check:
                  message=f"{what} ({', '.join(said)} points) is within the budget of {max_drop:.2f}")
 
 
-_NAME = {"usd_per_1k": "$/1K", "p95_ms": "p95 latency", "size_mb": "size"}
+_NAME = {"usd_per_1k": "$/1K", "p95_ms": "p95 latency", "size_mb": "size", "usd_per_month": "$/month at the SLO"}
 
 
 def _fmt(key: str, value: float, causal: bool = False) -> str:
     if causal and key == "usd_per_1k":  # a causal LM's throughput is output tokens/s
         return f"${value * 1000:.4f}/1M tokens"
-    return {"usd_per_1k": f"${value:.5f}/1K", "p95_ms": f"p95 {value:.2f} ms", "size_mb": f"{value:.1f} MB"}[key]
+    return {"usd_per_1k": f"${value:.5f}/1K", "p95_ms": f"p95 {value:.2f} ms", "size_mb": f"{value:.1f} MB",
+            "usd_per_month": f"${value:,.0f}/month"}[key]

@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloa
                       field_validator, model_validator)
 
 from compress.recipe import peek
+from compress.recipe.serving import ServingSpec
 from compress.core.errors import ModelSourceError, RecipeError
 from compress.tasks.causal_lm.records import LMSpec
 from compress.core.registry import Format, StageConfig, get_stage
@@ -275,8 +276,10 @@ class BudgetSpec(Strict):
         "uses the best throughput whose batch p95 meets it.",
     )
     max_size_mb: PositiveFloat | None = Field(None, description="Largest accepted model size.")
-    objective: Literal["min_cost", "min_latency", "min_size"] = Field(
-        "min_cost", description="How the variant to deploy is chosen among those within budget."
+    objective: Literal["min_cost", "min_latency", "min_size", "min_monthly_cost"] = Field(
+        "min_cost", description="How the variant to deploy is chosen among those within budget. "
+        "`min_monthly_cost`: the lowest $/month at the serving SLO for the recipe's traffic (needs a `serving:` "
+        "block; the variants served under load are the min_cost pick and the run's cascade)."
     )
     tie_tolerance: float = Field(
         0.25, ge=0, le=1,
@@ -323,6 +326,8 @@ class Recipe(Strict):
     stages: list[StageSpec] = Field(min_length=1)
     benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    serving: ServingSpec | None = Field(None, description="Serve the selected variant and measure it under load "
+                                        "(`compress serve`, `compress load`; `compress run` measures the load too).")
 
     # Where the recipe was read from; relative paths in it are resolved against its folder.
     _path: Path | None = None
@@ -587,6 +592,9 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
         except ValidationError as err:
             raise _first_error(where, err, prefix=("stages", i, "with"), model=kind.config)
 
+    if recipe.budget.objective == "min_monthly_cost" and recipe.serving is None:
+        raise RecipeError(where, "budget.objective", "min_monthly_cost needs a `serving:` block (the load measures "
+                          "the monthly cost at the SLO); add one, or choose min_cost")
     if "cpu" not in recipe.benchmark.devices and not gpu_present():
         raise RecipeError(where, "benchmark.devices", f"{recipe.benchmark.devices}: no such device on this machine "
                           f"(no NVIDIA GPU found); add cpu, or run on a machine with a GPU")

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from html import escape
 
 from compress.decision.decide import Row
 from compress.reports.report_json import Report, as_report, headers, table_rows
+from compress.reports.serving import (CONFIG_LABEL, config_rows, headline, lever_line, plan_lines, plan_rows, sources,
+                                      traffic_line)
+from compress.serving.records import CostPlan, ServingReport
 
 REPORT_HTML = "report.html"
 
@@ -221,8 +225,101 @@ def render(report: "Report | dict") -> str:
         "<h2>Latency and throughput</h2><div class='plots'>", curves, "</div>", _batches_table(report),
         "<h2>Why the others lost</h2>", f"<ul>{''.join(why)}</ul>" if why else "<p>-</p>",
     ]
+    if report.serving is not None:
+        parts.append(serving_section(report.serving))
     if notes:
         parts += ["<h2>Notes</h2><ul>", "".join(f"<li>{n}</li>" for n in notes), "</ul>"]
     parts += ["<h2>Manifest</h2><details><summary>versions, hardware, threads, seeds, data, recipe</summary>",
               f"<pre>{escape(json.dumps(m, indent=1, default=str))}</pre></details>", "</body></html>"]
+    return "\n".join(parts)
+
+
+# --- the serving block (report.json `serving`, schema 7) ------------------------------------
+
+
+def latency_plot(s: "ServingReport") -> str:
+    """p99 (solid) and p50 (dotted) latency against the offered load, per configuration;
+    valid runs filled, invalid hollow; the SLO as a line, each knee marked."""
+    fig, ax = _figure(6.4, 4.2)
+    for c in s.configs:
+        runs = sorted((r for r in c.runs if r.p99_ms is not None), key=lambda r: r.target_qps)
+        if not runs:
+            continue
+        x = [r.target_qps for r in runs]
+        line = ax.plot(x, [r.p99_ms for r in runs], marker=None, lw=1.4, label=CONFIG_LABEL.get(c.name, c.name))[0]
+        colour = line.get_color()
+        ax.plot(x, [float("nan") if r.p50_ms is None else r.p50_ms for r in runs], ls=":", lw=1.0, color=colour)
+        for r in runs:
+            ax.scatter([r.target_qps], [r.p99_ms], s=30, zorder=3, edgecolors=colour,
+                       facecolors=colour if r.valid else "none", linewidths=1.2)
+        if c.knee_qps is not None:
+            ax.axvline(c.knee_qps, color=colour, ls="--", lw=0.6, alpha=0.6)
+    ax.axhline(s.slo_ms, color="#f46d43", ls="-.", lw=1.2, label=f"SLO (p{s.percentile * 100:g})")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    def plain(v, _):  # 20, 50, 100: not 2x10^1; minor ticks labelled at 2 and 5 only
+        lead = v / 10 ** math.floor(math.log10(v)) if v > 0 else 0
+        return f"{v:g}" if round(lead) in (1, 2, 5) else ""
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(plain))
+        axis.set_minor_formatter(FuncFormatter(plain))
+    ax.set_xlabel("offered load (QPS, Poisson)")
+    ax.set_ylabel("latency (ms): p99 solid, p50 dotted")
+    ax.set_title("latency against load (filled: VALID; dashed: knee)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return _svg(fig)
+
+
+def waterfall_plot(plan: "CostPlan") -> str:
+    """$/month from the unbatched baseline on demand down to the plan, one bar per lever pulled."""
+    steps = [w for w in plan.waterfall if w.pulled]
+    fig, ax = _figure(6.4, 4.0)
+    if not steps:
+        ax.text(0.5, 0.5, "no plan", ha="center", va="center", transform=ax.transAxes)
+        return _svg(fig)
+    labels = ["start"] + [w.lever for w in steps] + ["plan"]
+    start, end = steps[0].usd_month_before, steps[-1].usd_month_after
+    ax.bar([0], [start], color="#4575b4")
+    for i, w in enumerate(steps, 1):
+        lo, hi = sorted((w.usd_month_before, w.usd_month_after))
+        ax.bar([i], [hi - lo], bottom=[lo], color="#1a9850" if w.saved_usd_month >= 0 else "#d73027")
+        ax.annotate(f"-${w.saved_usd_month:,.0f}", (i, hi), textcoords="offset points", xytext=(0, 3), ha="center",
+                    fontsize=7)
+    ax.bar([len(labels) - 1], [end], color="#4575b4")
+    ax.set_xticks(range(len(labels)), [x.replace(" + ", "\n+ ") for x in labels], fontsize=8)
+    ax.set_ylabel("$ per month")
+    ax.set_title("what each lever saved", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    return _svg(fig)
+
+
+def _plain_table(heads: list[str], rows: list[list[str]]) -> str:
+    out = ["<table><tr>" + "".join(f"<th class='{'l' if i < 2 else ''}'>{escape(h)}</th>" for i, h in enumerate(heads))
+           + "</tr>"]
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td class='{'l' if i < 2 else ''}'>{escape(c)}</td>" for i, c in enumerate(row))
+                   + "</tr>")
+    return "\n".join(out + ["</table>"])
+
+
+def serving_section(s: "ServingReport") -> str:
+    parts = ["<h2>Serving</h2>", f"<p>{escape(headline(s))}</p>", f"<p>{escape(traffic_line(s))}</p>",
+             _plain_table(*config_rows(s)), "<div class='plots'>", f"<figure>{_safe(latency_plot, s)}</figure>"]
+    if s.plan is not None:
+        parts.append(f"<figure>{_safe(waterfall_plot, s.plan)}</figure>")
+    parts.append("</div>")
+    if s.plan is not None:
+        parts += [f"<p>{escape(' '.join(plan_lines(s.plan)))}</p>", _plain_table(*plan_rows(s.plan))]
+        if s.plan.waterfall:
+            parts.append("<ul>" + "".join(f"<li>{escape(lever_line(w))}</li>" for w in s.plan.waterfall) + "</ul>")
+        parts.append("<p><small>Prices: " + "; ".join(escape(x) for x in sources(s.plan) + s.plan.notes)
+                     + "</small></p>")
+    notes = s.notes + [f"{c.name}: {n}" for c in s.configs for n in c.notes] + \
+        [f"{c.name}: {c.error}" for c in s.configs if c.error]
+    if notes:
+        parts.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
     return "\n".join(parts)

@@ -70,6 +70,11 @@ def print_report(report: "Report | dict", console=None) -> None:
             console.print(f"  [dim]{r.id} ({r.device}): {note}[/dim]", highlight=False)
     for note in report.notes + d.notes:
         console.print(f"  [yellow]note:[/yellow] {note}", highlight=False)
+    if report.serving is not None:
+        from compress.reports.serving import terminal_lines
+
+        for line in terminal_lines(report.serving):
+            console.print(escape(line), highlight=False)
     for line in timing_lines(report):
         console.print(f"  [dim]{escape(line)}[/dim]", highlight=False)
     if d.selected:
@@ -163,6 +168,10 @@ def markdown(report: "Report | dict") -> str:
     notes += [f"- `{r.id}` ({r.device}): {_md(n)}" for r in report.rows for n in r.notes]
     if notes:
         lines += ["", "Notes:", *notes]
+    if report.serving is not None:
+        from compress.reports.serving import markdown_lines
+
+        lines += markdown_lines(report.serving, _md)
     timing = timing_lines(report, top=20)
     if timing:
         lines += ["", "<details><summary>Where the time went</summary>", "", *[f"- {x}" for x in timing], "",

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from compress.decision.decide import Decision, Row
 from compress.recipe.schema import BudgetSpec
+from compress.serving.records import ServingReport
 from compress.core.task import DEFAULT_TASK, Metric, TaskInfo, get_task
 
 REPORT_JSON = "report.json"
@@ -29,9 +30,11 @@ REPORT_JSON = "report.json"
 # resamples of the eval split). 5: a row's `examples_to_pass` (the eval split size at which
 # the interval gate would pass a variant it rejects with its point estimate within budget).
 # 6: a cascade row's `large_alone_usd_per_1k`, `cost_vs_large` and `cost_vs_large_paired`
-# (its large member timed alone in the cascade's process, and the cost ratio).
-SCHEMA_VERSION = 6
-SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
+# (its large member timed alone in the cascade's process, and the cost ratio). 7: the `serving`
+# block (compress/serving/records.py: the load LoadGen drove at the served configurations and
+# the capacity and cost plan) and a row's `usd_per_month` (its plan's $/month at the SLO).
+SCHEMA_VERSION = 7
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 QUALITY_KEY = "accuracy"  # the key Row.quality is written under for classification
 
 
@@ -70,6 +73,7 @@ class Report(BaseModel):
     notes: list[str] = []
     manifest: Manifest
     timing: dict[str, Any] | None = None
+    serving: ServingReport | None = None  # schema 7 on: the measured load and the cost plan
 
     @model_validator(mode="after")
     def _measured(self):

@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from compress.core.errors import StageError
+from compress.core.errors import CompressError, StageError
 from compress.core.files import write_file
 from compress.recipe.schema import BENCHMARKABLE, MODEL_ID
 
@@ -105,7 +105,28 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
     rows = build_rows(meta, results, targets, policy)
     devices = list(dict.fromkeys(d for (_, d) in results))
     eval_examples = None if recipe.is_causal else len(data.eval)
-    decision = decide(rows, policy, devices, eval_examples=eval_examples)
+    serving, serving_seconds = None, 0.0
+    if recipe.serving is not None and not recipe.is_causal:
+        from compress.run.load import attach, measure_and_plan, redecide, served_variants, stand_in_policy
+
+        # The variant to serve is the decision's; min_monthly_cost needs the load first, so $/1K stands in.
+        decision = decide(rows, stand_in_policy(policy), devices, eval_examples=eval_examples)
+        if decision.selected is None:
+            log("load: no variant selected, so none is served under load")
+        else:
+            t_load = time.perf_counter()
+            try:
+                serving = measure_and_plan(recipe, run_dir, data.eval.texts,
+                                           served_variants(recipe, decision.selected, rows), log)
+                attach(rows, serving, decision.device)
+            except CompressError as exc:  # the run's other figures still make their reports
+                log(f"load: not measured: {exc}")
+                bench_notes.append(f"serving: not measured under load: {exc}")
+            serving_seconds = time.perf_counter() - t_load
+        if recipe.budget.objective == "min_monthly_cost":
+            decision = redecide(rows, policy, devices, eval_examples)
+    else:
+        decision = decide(rows, policy, devices, eval_examples=eval_examples)
     if bench_spec.stability_resamples:
         t_stab = time.perf_counter()
         shares = stability(rows, policy, devices, decision.selected, eval_examples,
@@ -148,6 +169,9 @@ def benchmark_and_decide(recipe, artifacts, data, model, run_dir, stages_info, l
         ),
     )
     report.timing = _timing(stages_info, bench_timing, bench_seconds, time.perf_counter() - t_start)
+    if serving is not None:
+        report.serving = serving
+        report.timing["serving_seconds"] = round(serving_seconds, 1)  # within other_seconds
     write_reports(report, run_dir)
     write_model_cards(report, run_dir)
     write_file(run_dir / "manifest.json", json.dumps(report.manifest.model_dump(exclude_unset=True), indent=1,
