@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from compress.reports.report_json import SCHEMA_VERSION
 from tests.lm_fixtures import tiny_causal
 from tests.tasks.causal_lm.test_data import data  # noqa: F401 - the fixture: tiny copies of the four eval sets
 
@@ -52,7 +53,7 @@ def test_a_causal_lm_recipe_runs_to_a_decision(data, tmp_path):  # noqa: F811
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = tmp_path / "art" / "tiny_lm"
     report = json.loads((run / "report.json").read_text())
-    assert report["schema_version"] == 6 and report["task"]["name"] == "causal-lm"
+    assert report["schema_version"] == SCHEMA_VERSION and report["task"]["name"] == "causal-lm"
     rows = {r["id"]: r for r in report["rows"]}
     assert set(rows) == {"model", "int8", "int4"} and all(r["ok"] for r in rows.values())
     for r in rows.values():
