@@ -52,8 +52,12 @@ class ServerSpec(_Strict):
                                                  "(instead of `num_replicas`).")
     threads: PositiveInt = Field(1, le=256, description="Intra-op threads of the runtime in each model replica "
                                  "(torch, ONNX Runtime, OpenVINO); each replica reserves as many Ray CPUs.")
-    ingress_replicas: PositiveInt = Field(1, le=64, description="Replicas of the HTTP front (request checks, "
-                                          "the cache, metrics); it does no model work.")
+    topology: Literal["one_hop", "front_and_model"] = Field(
+        "one_hop", description="`one_hop`: the HTTP front (request checks, the cache, metrics) and the model in "
+        "one replica, so a request crosses one process boundary; `front_and_model`: the front in replicas of "
+        "its own (`ingress_replicas`), the model in others, a second hop per request.")
+    ingress_replicas: PositiveInt = Field(1, le=64, description="Replicas of the HTTP front with topology "
+                                          "`front_and_model` (request checks, the cache, metrics); it does no model work.")
     max_ongoing_requests: PositiveInt = Field(
         64, le=100_000, description="Model calls a model replica takes at once (queued for a batch or in one); "
         "at least max_batch_size, or batches never fill.")

@@ -1,9 +1,14 @@
-"""The Ray Serve application: an HTTP front (`Front`) in front of the model (`Model`).
+"""The Ray Serve application: an HTTP front (checks, cache, metrics) and the model.
 
-    HTTP -> Serve proxy -> Front: route, limits, body checks, the result cache, metrics
-                           -> Model.predict(chunk of texts)   @serve.batch, counted in texts
+    HTTP -> Serve proxy -> front: route, limits, body checks, the result cache, metrics
+                           -> Batcher.predict(chunk of texts)   @serve.batch, counted in texts
                               (batches mix the texts of concurrent requests; replicas by
                               count or by autoscaling on ongoing requests)
+
+Two topologies (serving.server.topology): `one_hop` (the default) runs front and model in
+one `Replica`, so a request crosses one process boundary; `front_and_model` runs the front
+in its own replicas (`Front`) and the model in `Model`'s, a second hop per request that
+lets the fronts scale apart from the model.
 
 Only requests that pass every check reach the batched call, so a flood of bad requests costs
 the model nothing. Imported only by compress.serving.server (it imports Ray).
@@ -94,9 +99,9 @@ def _texts_in(chunks: list[list[str]]) -> int:
     return sum(len(c) for c in chunks)
 
 
-@serve.deployment
-class Model:
-    """One copy of the variant; answers chunks of texts, batched across requests."""
+class Batcher:
+    """One copy of the variant; answers chunks of texts, batched across requests. A plain
+    class: the `Model` deployment is one, and a `Replica` holds one beside its front."""
 
     def __init__(self, config: ModelConfig, board):
         import os
@@ -157,9 +162,11 @@ class Model:
             pass
 
 
-@serve.deployment
-class Front:
-    """The HTTP front: checks, the cache, metrics; the model's work goes to `Model`."""
+Model = serve.deployment(Batcher, name="Model")
+
+
+class FrontBase:
+    """The HTTP front: checks, the cache, metrics; the model's work goes to `_run_chunk`."""
 
     def __init__(self, model, config: FrontConfig, board):
         self.model, self.config, self.board = model, config, board
@@ -228,8 +235,29 @@ class Front:
             miss_keys, miss_texts = list(todo), list(todo.values())
             step = max(1, min(self.max_batch_size, BATCH_BOUNDS[-1]))  # a chunk never exceeds a batch
             chunks = [miss_texts[i: i + step] for i in range(0, len(miss_texts), step)]
-            results = await asyncio.gather(*(self.model.predict.remote(ch) for ch in chunks))
+            results = await asyncio.gather(*(self._run_chunk(ch) for ch in chunks))
             fresh = dict(zip(miss_keys, (p for r in results for p in r)))
             await self.cache.put_many(list(fresh.items()))
             answers = [a if a is not None else fresh[k] for k, a in zip(keys, answers)]
         return answers
+
+    def _run_chunk(self, chunk: list[str]):
+        """An awaitable of the model's answers to `chunk`: a call to the Model deployment."""
+        return self.model.predict.remote(chunk)
+
+
+@serve.deployment
+class Front(FrontBase):
+    """The front of topology `front_and_model`: its own replicas, the model in `Model`'s."""
+
+
+@serve.deployment
+class Replica(FrontBase):
+    """Topology `one_hop`: the front and the model in one replica, so a request crosses one
+    process boundary (Serve's proxy to the replica), not two; replicas scale both together."""
+
+    def __init__(self, model_config: ModelConfig, config: FrontConfig, board):
+        super().__init__(Batcher(model_config, board), config, board)
+
+    def _run_chunk(self, chunk: list[str]):
+        return self.model.predict(chunk)  # the batched call in this process

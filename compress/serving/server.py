@@ -247,7 +247,8 @@ def _running_replicas(app: str) -> int:
     from ray import serve
 
     try:
-        dep = serve.status().applications[app].deployments["Model"]
+        deps = serve.status().applications[app].deployments
+        dep = deps["Model"] if "Model" in deps else deps["Replica"]
         return int(dep.replica_states.get("RUNNING", 0))
     except Exception:
         return 0
@@ -283,7 +284,7 @@ def start(run_dir: Path, spec: ServingSpec, variant: str | None = None, port: in
     ray = _need_ray()
     from ray import serve
 
-    from compress.serving.app import Front, FrontConfig, Model, ModelConfig
+    from compress.serving.app import Front, FrontConfig, Model, ModelConfig, Replica
     from compress.serving.stats import Batching, StatsBoard
 
     srv = spec.server
@@ -314,13 +315,19 @@ def start(run_dir: Path, spec: ServingSpec, variant: str | None = None, port: in
         board = ray.remote(num_cpus=0)(StatsBoard).remote(variant, spec.cache.kind, fmt == "cascade", batching)
         # Batching changes later through the board (Server.set_batching): Serve's user_config
         # would do, but serve.run gives each deployment a new version and so new replicas.
-        model = Model.options(**scale, **drain, max_ongoing_requests=srv.max_ongoing_requests,
-                              ray_actor_options={"num_cpus": srv.threads}).bind(
-            ModelConfig(folder=str(folder), threads=srv.threads, max_length=srv.max_length, batching=batching), board)
-        front = Front.options(num_replicas=srv.ingress_replicas, **drain, max_ongoing_requests=1000,
-                              ray_actor_options={"num_cpus": 0}).bind(
-            model, FrontConfig(variant=variant, fingerprint=fingerprint, cache=spec.cache, limits=spec.limits,
-                               batching=batching), board)
+        model_config = ModelConfig(folder=str(folder), threads=srv.threads, max_length=srv.max_length,
+                                   batching=batching)
+        front_config = FrontConfig(variant=variant, fingerprint=fingerprint, cache=spec.cache, limits=spec.limits,
+                                   batching=batching)
+        if srv.topology == "one_hop":
+            front = Replica.options(**scale, **drain, max_ongoing_requests=max(srv.max_ongoing_requests, 1000),
+                                    ray_actor_options={"num_cpus": srv.threads}).bind(model_config, front_config,
+                                                                                        board)
+        else:
+            model = Model.options(**scale, **drain, max_ongoing_requests=srv.max_ongoing_requests,
+                                  ray_actor_options={"num_cpus": srv.threads}).bind(model_config, board)
+            front = Front.options(num_replicas=srv.ingress_replicas, **drain, max_ongoing_requests=1000,
+                                  ray_actor_options={"num_cpus": 0}).bind(model, front_config, board)
         app = f"compress-{variant}-{uuid.uuid4().hex[:6]}"
         try:
             serve.run(front, name=app, route_prefix="/", blocking=False)

@@ -36,8 +36,10 @@ def ray_up():
 
 @pytest.fixture(scope="module")
 def server(run_dir, ray_up):
-    # Two model replicas: the counts below are sums over both (compress.serving.stats).
-    spec = ServingSpec.model_validate({"server": {"max_batch_size": 8, "batch_wait_timeout_s": 0.05, "num_replicas": 2},
+    # Two model replicas behind one front (topology front_and_model: one memory cache), the
+    # counts below sums over both (compress.serving.stats); the cascade below runs one_hop.
+    spec = ServingSpec.model_validate({"server": {"max_batch_size": 8, "batch_wait_timeout_s": 0.05, "num_replicas": 2,
+                                                  "topology": "front_and_model"},
                                        "limits": LIMITS})
     s = start(run_dir, spec)
     yield s
