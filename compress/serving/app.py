@@ -125,6 +125,7 @@ class Batcher:
 
     def _batching(self, b: Batching) -> None:
         """Applies batching at runtime: the next batch the queue forms follows it."""
+        self.batching = b
         self.predict.set_max_batch_size(b.max_batch_size)
         self.predict.set_batch_wait_timeout_s(b.batch_wait_timeout_s)
 
@@ -142,6 +143,18 @@ class Batcher:
         # In a thread: the replica's event loop keeps queueing the next batch and answering
         # health checks while the model runs.
         out, routed = await asyncio.to_thread(self._run, flat)
+        return self._answered(chunks, flat, out, routed)
+
+    def predict_now(self, chunk: list[str]) -> list[Prediction]:
+        """One chunk at once, in the caller's thread: no batch queue and no thread hand-off,
+        which cost a request more than a small model's call does. For max_batch_size 1,
+        where there is no batch to wait for."""
+        out, routed = self._run(chunk)
+        return self._answered([chunk], chunk, out, routed)[0]
+
+    def _answered(self, chunks: list[list[str]], flat: list[str], out: list[Prediction],
+                  routed: int) -> list[list[Prediction]]:
+        """Counts a model call (batch size, routed rows) and splits its answers by chunk."""
         c = self.reporter.counts
         c.batch_sizes[len(flat)] = c.batch_sizes.get(len(flat), 0) + 1
         if self.cascade:
@@ -259,5 +272,7 @@ class Replica(FrontBase):
     def __init__(self, model_config: ModelConfig, config: FrontConfig, board):
         super().__init__(Batcher(model_config, board), config, board)
 
-    def _run_chunk(self, chunk: list[str]):
-        return self.model.predict(chunk)  # the batched call in this process
+    async def _run_chunk(self, chunk: list[str]) -> list[Prediction]:
+        if self.model.batching.max_batch_size == 1:  # unbatched: straight to the model
+            return self.model.predict_now(chunk)
+        return await self.model.predict(chunk)  # the batched call in this process
