@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from compress.data.artifacts import digest, file_sha256, is_sealed, sealed
 from compress.core.console import heartbeat, progress_seconds
-from compress.core.files import real_folder, write_file
+from compress.core.files import file_sha256, real_folder, write_file
+from compress.data.artifacts import digest, is_sealed, sealed
 from compress.formats import CPU_ONLY
 from compress.bench.measure import BenchJob, JobOptions, Measurement, PairedSpeedup, PairRef, RoundTimes
 from compress.core.task import DEFAULT_TASK, get_task

@@ -14,6 +14,7 @@ one line.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 from pathlib import Path
 
@@ -60,6 +61,15 @@ def write_file(path: Path, data: str | bytes, *, encoding: str = "utf-8", errors
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks (weights files are large)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def real_folder(path: Path) -> Path:

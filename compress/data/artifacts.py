@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from compress.core.errors import ArtifactError, CompressError
-from compress.core.files import open_no_follow, real_folder, write_file
+from compress.core.files import file_sha256, open_no_follow, real_folder, write_file
 
 MARKER = "_complete.json"
 RESULT = "result.json"
@@ -56,14 +56,6 @@ def is_sealed(record) -> bool:
     if not isinstance(record, dict) or not isinstance(record.get("checksum"), str):
         return False
     return record["checksum"] == digest({k: v for k, v in record.items() if k != "checksum"})
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _checksums(folder: Path) -> dict[str, list]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from compress.core.console import log as default_log
 from compress.core.errors import CompressError
+from compress.core.files import real_folder, write_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.decision.decide import Decision, Row
@@ -76,9 +77,7 @@ def measure_and_plan(recipe: "Recipe", run_dir: Path, texts: list[str], served: 
     # Validated again from a full dump: report.json is written without unset fields, and
     # lists filled after construction would count as unset.
     serving = ServingReport.model_validate(serving.model_dump(mode="json"))
-    out = run_dir / SERVING_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SERVING_JSON).write_text(serving.model_dump_json(indent=1), encoding="utf-8")
+    write_file(real_folder(run_dir / SERVING_DIR) / SERVING_JSON, serving.model_dump_json(indent=1))
     return serving
 
 

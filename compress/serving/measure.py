@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from compress.core.errors import CompressError
+from compress.core.files import real_folder, write_file
 from compress.recipe.serving import ServingSpec
 from compress.serving.records import ConfigFigures, ServerFigures, ServingReport
 
@@ -163,8 +164,7 @@ def measure_one(name: str, vid: str, cspec: ServingSpec, run_dir: Path, traffic:
     _figures(fig, knee)
     fig.duplicate_share_sent = duplicate_share(sent) if sent else None
     fig.seconds = round(time.perf_counter() - t0, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "figures.json").write_text(fig.model_dump_json(indent=1), encoding="utf-8")
+    write_file(real_folder(out) / "figures.json", fig.model_dump_json(indent=1))
     return fig, sent
 
 
@@ -193,18 +193,8 @@ def _ms(v: float | None) -> str:
 
 def machine() -> str:
     """The machine the load ran on, in words (one instance of the plan)."""
-    import platform
-
+    from compress.core.manifest import hardware
     from compress.serving.load import usable_cpus
 
-    return f"{usable_cpus()} CPUs ({platform.machine()}, {_cpu_model() or platform.processor() or 'unknown CPU'})"
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+    cpu = hardware(with_gpu=False)["cpu"]
+    return f"{usable_cpus()} CPUs ({cpu['arch']}, {cpu['model'] or 'unknown CPU'})"

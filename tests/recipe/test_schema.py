@@ -9,11 +9,6 @@ from compress.recipe.schema import load_recipe, validate_recipe
 from tests.conftest import tiny_recipe
 
 
-@pytest.fixture
-def base(tiny_checkpoint, tiny_data):
-    return tiny_recipe(tiny_checkpoint, tiny_data)
-
-
 def error_of(recipe) -> RecipeError:
     with pytest.raises(RecipeError) as exc:
         validate_recipe(recipe, "r.yaml")

@@ -7,14 +7,8 @@ import pytest
 
 from compress.core.errors import RecipeError
 from compress.recipe.schema import load_recipe, validate_recipe
-from tests.conftest import tiny_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def base(tiny_checkpoint, tiny_data):
-    return tiny_recipe(tiny_checkpoint, tiny_data)
 
 
 def error_of(recipe) -> RecipeError:

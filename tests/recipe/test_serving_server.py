@@ -6,12 +6,6 @@ import pytest
 from compress.core.errors import RecipeError
 from compress.recipe.schema import validate_recipe
 from compress.recipe.serving import ServingSpec
-from tests.conftest import tiny_recipe
-
-
-@pytest.fixture
-def base(tiny_checkpoint, tiny_data):
-    return tiny_recipe(tiny_checkpoint, tiny_data)
 
 
 def error_of(recipe, serving) -> RecipeError:

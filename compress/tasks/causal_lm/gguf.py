@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compress.core.errors import ModelSourceError
+from compress.core.files import file_sha256
 
 SUFFIX = ".gguf"
 CACHE_ENV = "COMPRESS_GGUF_CACHE"  # folder of converted models; default ~/.cache/compress/gguf
@@ -209,7 +210,7 @@ def _write_converted(gguf: Path, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)  # the chat template travels in tokenizer_config.json / chat_template.jinja
     types = tensor_types(gguf)
-    info = {"gguf": gguf.name, "sha256": _sha256(gguf), "quantization": _dominant(types), "tensor_types": types,
+    info = {"gguf": gguf.name, "sha256": file_sha256(gguf), "quantization": _dominant(types), "tensor_types": types,
             "transformers": _transformers_version(), "files": _file_sizes(out)}
     (out / SOURCE_FILE).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
 
@@ -259,14 +260,6 @@ def bits(quantization: str) -> int | None:
     for a float type (F32, F16, BF16)."""
     digits = quantization.removeprefix("I").removeprefix("Q") if quantization.startswith(("Q", "IQ")) else ""
     return int(digits[0]) if digits[:1].isdigit() else None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _transformers_version() -> str:
