@@ -14,7 +14,6 @@ Exit codes: 0 done (or the block is current), 1 `--check` found a different bloc
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -26,20 +25,7 @@ START = "<!-- figures:start -->"
 END = "<!-- figures:end -->"
 README = ROOT / "README.md"
 
-
-def significant(v: float, digits: int = 3) -> str:
-    """A positive figure with `digits` significant digits and no exponent (0.0000472, 0.283, 12.3)."""
-    if v == 0 or not math.isfinite(v):
-        return format(v, "g")
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
-    return f"{v:.{decimals}f}"
-
-
-def _delta(r) -> str:
-    if r.delta is None or r.delta_ci95 is None:
-        return "-"
-    lo, hi = r.delta_ci95
-    return f"{r.delta:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+from compress.reports.report_json import delta_cell, money  # noqa: E402 - after the path above
 
 
 def _best(throughput: dict) -> str:
@@ -51,7 +37,7 @@ def _cost(r) -> str:
     if r.usd_per_1k is None:
         return "-"
     at = f" @b{r.operating_point.batch_size}" if r.operating_point is not None else ""
-    return f"${significant(r.usd_per_1k)}{at}"
+    return f"${money(r.usd_per_1k)}{at}"
 
 
 def headers(report) -> list[str]:
@@ -74,7 +60,7 @@ def rows(report) -> list[tuple[str, list[str]]]:
             continue
         lat = r.latency_ms
         out.append((r.id, [
-            r.id, f"{r.quality:.2f}", _delta(r), f"{r.size_mb:.1f}", f"{lat.p50:.2f} / {lat.p95:.2f}",
+            r.id, f"{r.quality:.2f}", delta_cell(r), f"{r.size_mb:.1f}", f"{lat.p50:.2f} / {lat.p95:.2f}",
             f"{r.speedup_vs_baseline:.2f}x" if r.speedup_vs_baseline else "-",
             _best(r.throughput) if r.throughput else "-", _cost(r), r.verdict or "",
         ]))
@@ -98,19 +84,6 @@ def _cpu(hardware: dict) -> str:
     return " ".join(words)
 
 
-def _commit(manifest) -> str | None:
-    """The commit the run was made from, where the manifest records one."""
-    for name in ("commit", "git_commit", "git"):
-        value = getattr(manifest, name, None)
-        if value is None and isinstance(manifest.versions, dict):
-            value = manifest.versions.get(name)
-        if isinstance(value, dict):
-            value = value.get("commit") or value.get("sha")
-        if isinstance(value, str) and value:
-            return value[:12]
-    return None
-
-
 def summary(report) -> str:
     d, m = report.decision, report.manifest
     if d.selected:
@@ -120,9 +93,6 @@ def summary(report) -> str:
     where = f"Measured on {_cpu(m.hardware)}, {m.threads} thread{'s' if m.threads != 1 else ''}"
     if m.started:
         where += f", {m.started[:10]}"
-    commit = _commit(m)
-    if commit:
-        where += f", commit {commit}"
     return f"{what} {where}."
 
 

@@ -217,9 +217,9 @@ def test_figures_renders_the_report(tmp_path):
 
 def test_figures_significant_digits():
     mod = figures()
-    assert mod.significant(0.0000472345) == "0.0000472"
-    assert mod.significant(0.283) == "0.283"
-    assert mod.significant(12.34) == "12.3"
+    assert mod.money(0.0000472345) == "0.0000472"
+    assert mod.money(0.283) == "0.283"
+    assert mod.money(12.34) == "12.3"
 
 
 def test_figures_check_fails_on_a_different_block(tmp_path):
