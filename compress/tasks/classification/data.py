@@ -621,6 +621,11 @@ class _SpanIndex:
                 best[fail[u]] = best[u]
         return best
 
+    def whole(self) -> np.ndarray:
+        """Indices of the indexed rows that are no contiguous span of a longer one [n]."""
+        best = self.longest_container(range(len(self.words)))
+        return np.array([i for i, ws in enumerate(self.words) if ws and best[self.node[i]] <= len(ws)], dtype=np.int64)
+
 
 def whole_rows(texts: list[str]) -> np.ndarray:
     """Indices of rows whose words are not a contiguous span of a longer row's [n].
@@ -628,9 +633,7 @@ def whole_rows(texts: list[str]) -> np.ndarray:
     Treebank data (SST-2) lists each sentence and then every phrase of its parse as rows of
     their own; the sentences are the rows no other row contains. Linear in the words of the
     split (_SpanIndex). Written here because no data library knows phrase-level treebank rows."""
-    index = _SpanIndex(texts)
-    best = index.longest_container(range(len(texts)))
-    return np.array([i for i, ws in enumerate(index.words) if ws and best[index.node[i]] <= len(ws)], dtype=np.int64)
+    return _SpanIndex(texts).whole()
 
 
 def carve_sentences(split: Split, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -650,8 +653,7 @@ def carve_sentences(split: Split, n: int, seed: int) -> tuple[np.ndarray, np.nda
         picked = whole[rng.permutation(len(whole))[: min(n, len(whole))]]
         return picked, picked
     index = _SpanIndex(split.texts)
-    best = index.longest_container(range(len(split)))
-    whole = np.array([i for i, ws in enumerate(index.words) if ws and best[index.node[i]] <= len(ws)], dtype=np.int64)
+    whole = index.whole()
     picked = whole[rng.permutation(len(whole))[: min(n, len(whole))]]
     inside = index.longest_container(picked.tolist())
     dropped = np.array([i for i, ws in enumerate(index.words) if ws and inside[index.node[i]] > 0], dtype=np.int64)
