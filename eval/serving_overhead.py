@@ -1,7 +1,8 @@
 """What HTTP and Ray Serve cost a request at low load: the served p50 of one text per request,
 sent one after another, against the same variant called in this process at batch 1.
 
-    python eval/serving_overhead.py artifacts/bert_sentiment [--variant ID] [--requests 300]
+    python eval/serving_overhead.py artifacts/bert_sentiment [--recipe recipes/bert_sentiment.yaml]
+        [--variant ID] [--requests 300]
 
 Prints one line per configuration: p50 / p95 in ms and the difference to the in-process p50.
 Run it with nothing else on the machine: it measures milliseconds.
@@ -10,19 +11,15 @@ Run it with nothing else on the machine: it measures milliseconds.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from pathlib import Path
-
-
-def _pcts(ms: list[float]) -> tuple[float, float]:
-    ms = sorted(ms)
-    return statistics.median(ms), ms[int(0.95 * (len(ms) - 1))]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--recipe", type=Path, default=Path("recipes/bert_sentiment.yaml"),
+                    help="The run's recipe: its eval split's texts are sent.")
     ap.add_argument("--variant", default=None)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)
@@ -30,13 +27,16 @@ def main() -> None:
 
     import requests
 
+    from compress.bench.worker import percentiles
+    from compress.recipe.schema import load_recipe
     from compress.recipe.serving import ServingSpec
+    from compress.tasks.classification.data import Data
     from compress.serving.server import ray_session, resolve, start
     from compress.techniques.classify import load_classifier
 
     variant, folder, _, _ = resolve(args.run_dir, args.variant)
-    texts = [line.split("\t")[0] for line in (Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "sst2"
-                                             / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    recipe = load_recipe(args.recipe)
+    texts = Data(recipe.data, recipe.base_dir).eval.texts
     texts = (texts * (args.requests // len(texts) + 1))[: args.requests]
 
     clf = load_classifier(folder, threads=args.threads)
@@ -47,7 +47,8 @@ def main() -> None:
         t0 = time.perf_counter()
         clf([t])
         inproc.append((time.perf_counter() - t0) * 1e3)
-    base50, base95 = _pcts(inproc)
+    base = percentiles(inproc)
+    base50, base95 = base.p50, base.p95
     print(f"{variant}: in-process batch 1, {args.threads} thread(s): p50 {base50:.2f} ms, p95 {base95:.2f} ms")
     del clf
 
@@ -70,7 +71,8 @@ def main() -> None:
                         served.append((time.perf_counter() - t0) * 1e3)
             finally:
                 s.stop()
-            p50, p95 = _pcts(served)
+            got = percentiles(served)
+            p50, p95 = got.p50, got.p95
             print(f"{variant}: served {name}: p50 {p50:.2f} ms (+{p50 - base50:.2f} over in-process), p95 {p95:.2f} ms")
 
 

@@ -231,6 +231,23 @@ def test_ctrl_c_inside_a_stage_then_resume(tmp_path, tiny_classifier, tiny_data,
     assert "[int8] quantize_dynamic: running (no output yet)" in err and committed(run_dir) == {"int8"}
 
 
+def kill_then_resume(cwd: Path, run_dir: Path, cli, monkeypatch, sid: str, kind: str, pattern: str,
+                     codes: tuple[int, ...] = (0,), timeout: float = 180, **env) -> None:
+    """kill -9 `compress run` in `cwd` the moment `pattern` appears under run_dir: nothing is
+    committed, --no-rebuild refuses in one line, and a plain run rebuilds stage `sid` alone."""
+    p = start(cwd, **env)
+    wait_for(p, pattern, run_dir, timeout=timeout)
+    kill(p)
+    assert committed(run_dir) == set()
+
+    monkeypatch.chdir(cwd)
+    code, _, err = cli("run", "recipe.yaml", "--no-rebuild")
+    assert code == 2 and f"[{sid}] {kind}: no output yet" in one_line_error(err)
+    code, _, err = cli("run", "recipe.yaml")
+    assert code in codes, err
+    assert f"[{sid}] {kind}: running (no output yet)" in err and committed(run_dir) == {sid}
+
+
 def test_kill_in_export_then_resume_and_a_corrupt_onnx_file(tmp_path, tiny_classifier, tiny_data, cli, monkeypatch):
     from compress.core.registry import registry
 
@@ -242,17 +259,8 @@ def test_kill_in_export_then_resume_and_a_corrupt_onnx_file(tmp_path, tiny_class
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     run_dir = tmp_path / "artifacts" / "tiny"
 
-    p = start(tmp_path, COMPRESS_TEST_PAUSE_IN="onnx")
-    wait_for(p, ".tmp/onnx-*/*.onnx", run_dir)
-    kill(p)
-    assert committed(run_dir) == set()
-
-    monkeypatch.chdir(tmp_path)
-    code, _, err = cli("run", "recipe.yaml", "--no-rebuild")
-    assert code == 2 and "[onnx] export_onnx: no output yet" in one_line_error(err)
-    code, _, err = cli("run", "recipe.yaml")
-    assert code == 0, err
-    assert "[onnx] export_onnx: running (no output yet)" in err and committed(run_dir) == {"onnx"}
+    kill_then_resume(tmp_path, run_dir, cli, monkeypatch, "onnx", "export_onnx", ".tmp/onnx-*/*.onnx",
+                     COMPRESS_TEST_PAUSE_IN="onnx")
 
     graph = next((run_dir / "onnx").glob("*.onnx"))
     data = bytearray(graph.read_bytes())
@@ -280,17 +288,7 @@ def test_kill_in_openvino_export_then_resume_and_a_tampered_ir(tmp_path, tiny_cl
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     run_dir = tmp_path / "artifacts" / "tiny"
 
-    p = start(tmp_path)
-    wait_for(p, ".tmp/ov-*/model.xml", run_dir)
-    kill(p)
-    assert committed(run_dir) == set()
-
-    monkeypatch.chdir(tmp_path)
-    code, _, err = cli("run", "recipe.yaml", "--no-rebuild")
-    assert code == 2 and "[ov] export_openvino: no output yet" in one_line_error(err)
-    code, _, err = cli("run", "recipe.yaml")
-    assert code == 0, err
-    assert "[ov] export_openvino: running (no output yet)" in err and committed(run_dir) == {"ov"}
+    kill_then_resume(tmp_path, run_dir, cli, monkeypatch, "ov", "export_openvino", ".tmp/ov-*/model.xml")
 
     def entity(folder: Path) -> None:
         xml = folder / "model.xml"
@@ -331,17 +329,9 @@ def test_kill_in_onnx_lm_export_then_resume(data, tmp_path, cli, monkeypatch):  
     path.rename(recipes / "recipe.yaml")
     run_dir = recipes / "artifacts" / "tiny_lm"
 
-    p = start(recipes)
-    wait_for(p, ".tmp/onnx-*/*.onnx", run_dir, timeout=300)
-    kill(p)
-    assert committed(run_dir) == set()
-
-    monkeypatch.chdir(recipes)
-    code, _, err = cli("run", "recipe.yaml", "--no-rebuild")
-    assert code == 2 and "[onnx] export_onnx_lm: no output yet" in one_line_error(err)
-    code, _, err = cli("run", "recipe.yaml")
-    assert code in (0, 3), err  # a decision either way: the tiny random model need not meet the budget
-    assert "[onnx] export_onnx_lm: running (no output yet)" in err and committed(run_dir) == {"onnx"}
+    # A decision either way (0 or 3): the tiny random model need not meet the budget.
+    kill_then_resume(recipes, run_dir, cli, monkeypatch, "onnx", "export_onnx_lm", ".tmp/onnx-*/*.onnx",
+                     codes=(0, 3), timeout=300)
     assert not leftovers(run_dir)
 
 
