@@ -30,7 +30,8 @@ from compress.core.task import DEFAULT_TASK, get_task
 # come from those paired rounds. 5: the warm-up runs every input shape once (OpenVINO compiles
 # kernels per shape on its first call). 6: a cascade's throughput passes alternate with its
 # large member's alone, in one process (Measurement.large_alone), and are the mean of two.
-METHOD = 6
+# 7: a causal LM's measurement carries its roofline (the machine's limits measured in the worker).
+METHOD = 7
 
 if TYPE_CHECKING:  # pragma: no cover
     from compress.data.artifacts import Artifact

@@ -16,6 +16,7 @@ check that a stage is fed something it can take before any model loads:
 - `cascade`: two variants combined by a confidence threshold.
 - `torchao`: torchao weight-only INT8 / INT4 of a causal LM (see formats/torchao.py).
 - `genai`: an onnxruntime-genai folder (genai_config.json + model.onnx) with its tokenizer.
+- `gguf`: a GGUF file run by llama.cpp (model.gguf) with its tokenizer (see formats/llamacpp.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade", "torchao", "genai"]
+Format = Literal["checkpoint", "hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade", "torchao", "genai", "gguf"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,9 @@ class StageKind:
     # The tasks (compress/tasks) whose models the stage can take and make: a recipe whose
     # `task` is not among them is refused at validation.
     tasks: tuple[str, ...] = ("sequence-classification",)
+    # The stage reads the GGUF file the recipe's model was converted from (llama.cpp requantizes
+    # it): validation refuses it unless its input is the recipe's model and that is a GGUF file.
+    reads_gguf_source: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -141,6 +145,7 @@ CATALOGUE: dict[str, str] = {
     "export_onnx_lm": "compress.stages.export_onnx_lm",
     "quantize_onnx_lm": "compress.stages.quantize_onnx_lm",
     "export_genai": "compress.stages.export_genai",
+    "quantize_gguf": "compress.stages.quantize_gguf",
 }
 
 # The kinds imported so far, by name. registry() returns this very dict once it holds the

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from compress.core.errors import EXIT_BUDGET, EXIT_OK
 from compress.formats import RUNTIMES
-from compress.tasks.causal_lm.records import MemoryPlan
+from compress.tasks.causal_lm.records import MemoryPlan, Roofline
 from compress.bench.measure import BatchFigures, Measurement, Percentiles, Record
 from compress.recipe.schema import BenchmarkSpec, BudgetSpec, PriceSpec
 from compress.core.stats import paired_bootstrap  # noqa: F401 - also read from here by eval scripts and tests
@@ -98,6 +98,7 @@ class LMRow(Record):
     memory_plan: MemoryPlan | None = None
     greedy_match: float | None = None  # share of timing prompts whose greedy continuation equals the baseline's
     peak_rss_mb: float | None = None
+    roofline: Roofline | None = None
 
 
 class Row(Variant):
@@ -363,7 +364,7 @@ def lm_row(m: Measurement, base: Measurement | None, row: Row, samples: int) -> 
         decode_tokens_per_s={k: g.decode_tokens_per_s for k, g in gens.items()},
         prefill_tokens_per_s={k: g.prefill_tokens_per_s for k, g in gens.items()},
         evals=evals, memory_plan=m.lm.memory_plan,
-        peak_rss_mb=m.lm.peak_rss_bytes / 1e6 if m.lm.peak_rss_bytes else None,
+        peak_rss_mb=m.lm.peak_rss_bytes / 1e6 if m.lm.peak_rss_bytes else None, roofline=m.lm.roofline,
     )
     if row.usd_per_1k is not None:  # throughput is output tokens/s: $ per 1K tokens, times 1000
         out.usd_per_1m_tokens = row.usd_per_1k * 1000.0

@@ -44,6 +44,7 @@ CAUSAL_LOADERS: dict[str, str] = {
     "torchao": "compress.formats.torchao:load_causal",
     "onnx": "compress.formats.causal_onnx:load",
     "genai": "compress.formats.genai:load",
+    "gguf": "compress.formats.llamacpp:load",
 }
 
 # Formats with no GPU kernels: benchmarked on the CPU only (a note says so on a GPU machine).
@@ -52,6 +53,7 @@ CPU_ONLY = {
     "openvino": "OpenVINO runs on Intel CPUs and GPUs, not on CUDA devices",
     "genai": "the onnxruntime-genai folder is built for the CPU",
     "torchao": "torchao's INT4 layout here is the CPU one",
+    "gguf": "llama.cpp is built here for the CPU (the gguf extra)",
 }
 
 # The runtime that runs each format, named in every report row (the format alone does not
@@ -59,7 +61,7 @@ CPU_ONLY = {
 RUNTIMES = {
     "hf": "torch", "torch_int8": "torch", "bnb_4bit": "torch+bitsandbytes",
     "onnx": "onnxruntime", "openvino": "openvino", "cascade": "cascade",
-    "torchao": "torch+torchao", "genai": "onnxruntime-genai",
+    "torchao": "torch+torchao", "genai": "onnxruntime-genai", "gguf": "llama.cpp",
 }
 
 # Files that are tokenizer or bookkeeping, not model: left out of "size on disk".
@@ -67,6 +69,7 @@ NON_MODEL_FILES = {
     "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
     "merges.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model", "added_tokens.json",
     "result.json", "_complete.json", "gguf_source.json", "ort_config.json", "teacher_logits.npy", "README.md",
+    "llamacpp.json",
 }
 
 

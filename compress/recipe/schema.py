@@ -28,7 +28,7 @@ RESERVED_IDS = {MODEL_ID, "bench", "reports"}
 # so named cannot be created there, or writes to the device.
 WINDOWS_DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; a bigger file is not one
-BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade", "torchao", "genai")
+BENCHMARKABLE: tuple[Format, ...] = ("hf", "torch_int8", "onnx", "openvino", "bnb_4bit", "cascade", "torchao", "genai", "gguf")
 # Why a format cannot go further down a chain, added to "takes X, but Y gives Z" errors.
 FORMAT_HINTS: dict[str, str] = {
     "bnb_4bit": "a bitsandbytes 4-bit model is an end point: its packed 4-bit weights have no ONNX "
@@ -690,6 +690,17 @@ def _check_graph(recipe: Recipe, where: str) -> None:
                 where, f"stages[{i}].from",
                 f"{spec.uses} takes {' or '.join(kind.accepts)}, but '{spec.source}' gives {fmt}{hint}",
             )
+        if kind.reads_gguf_source:
+            if spec.source != MODEL_ID:
+                raise RecipeError(where, f"stages[{i}].from", f"{spec.uses} requantizes the recipe's GGUF file: "
+                                  f"take it from '{MODEL_ID}', not '{spec.source}'")
+            try:
+                file = peek.gguf_file(recipe.model, recipe.base_dir)
+            except ModelSourceError as exc:
+                raise RecipeError(where, "model.source", str(exc).removeprefix("model.source: "))
+            if file is None:
+                raise RecipeError(where, f"stages[{i}].uses", f"{spec.uses} needs model.source to be a GGUF file "
+                                  f"(a .gguf path or a package holding one); '{recipe.model.source}' is not")
         if kind.check_input is not None:
             chain: list = []
             ref = spec.source

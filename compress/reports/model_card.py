@@ -179,7 +179,7 @@ def lm_card(report: Report, variant: str) -> str:
     meta: dict = {}
     if _hub_id(source):
         meta["base_model"] = source
-    meta["library_name"] = {"hf": "transformers", "onnx": "onnx", "genai": "onnxruntime-genai"}.get(fmt or "", "compress")
+    meta["library_name"] = {"hf": "transformers", "onnx": "onnx", "genai": "onnxruntime-genai", "gguf": "gguf"}.get(fmt or "", "compress")
     meta["pipeline_tag"] = "text-generation"
     meta["tags"] = list(dict.fromkeys(["compress", "text-generation", *(s["uses"] for s in steps), *([fmt] if fmt else [])]))
     selected = report.decision.selected == variant

@@ -33,8 +33,10 @@ REPORT_JSON = "report.json"
 # (its large member timed alone in the cascade's process, and the cost ratio). 7: the `serving`
 # block (compress/serving/records.py: the load LoadGen drove at the served configurations and
 # the capacity and cost plan) and a row's `usd_per_month` (its plan's $/month at the SLO).
-SCHEMA_VERSION = 7
-SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+# 8: a causal-LM row's `lm.roofline` (batch-1 decode and prefill against the machine's
+# measured read bandwidth and fp32 matmul rate).
+SCHEMA_VERSION = 8
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 QUALITY_KEY = "accuracy"  # the key Row.quality is written under for classification
 
 
@@ -179,13 +181,18 @@ def _lm_eval(r: Row, name: str) -> str:
     return f"{e.value:.1f}" + (f" ({e.delta:+.1f})" if e.delta is not None else "")
 
 
+def _roof(r) -> str:
+    """Batch-1 decode as a share of the bandwidth roofline / prefill of the fp32 matmul peak."""
+    return "-" if r is None else f"{100 * r.decode_fraction:.0f} / {100 * r.prefill_fraction:.0f}"
+
+
 def lm_table(report: Report) -> tuple[list[str], list[list[str]]]:
     """Causal LMs: perplexity and its relative increase, the task evals (points against the
     baseline in brackets), size, time to first token and per output token at batch 1, the
     best decode rate and its batch, $ per 1M output tokens, the tiers it fits."""
     names = list(dict.fromkeys(e.name for r in report.rows if r.lm for e in r.lm.evals if e.name != "perplexity"))
     heads = ["variant", "format", "device", "ppl", "delta % [95% CI]", *names, "MB", "TTFT ms", "ms/token",
-             "tok/s b1", "best tok/s", "$/1M tok", "fits", "verdict"]
+             "tok/s b1", "% roofline", "best tok/s", "$/1M tok", "fits", "verdict"]
     out = []
     for r in report.rows:
         fmt, verdict = _format(r), r.verdict or ""
@@ -199,7 +206,7 @@ def lm_table(report: Report) -> tuple[list[str], list[list[str]]]:
         out.append([
             r.id, fmt, r.device, f"{r.quality:.3f}", delta_cell(r), *[_lm_eval(r, n) for n in names],
             f"{r.size_mb:.1f}", _num(lm.ttft_ms.get("p50"), ".1f"), _num(lm.tpot_ms.get("p50"), ".2f"),
-            _num(lm.decode_tokens_per_s.get("1"), ".1f"), f"{best:.1f} @b{best_b}",
+            _num(lm.decode_tokens_per_s.get("1"), ".1f"), _roof(lm.roofline), f"{best:.1f} @b{best_b}",
             _num(lm.usd_per_1m_tokens, ".4f", "-").join(("$", "")) if lm.usd_per_1m_tokens is not None else "-",
             fits or "none", verdict,
         ])
@@ -317,6 +324,8 @@ def newer_than(report: dict, version: int) -> tuple[str, int] | None:
     for i, row in enumerate(rows if isinstance(rows, list) else []):
         if isinstance(row, dict):
             found += [(f"rows.{i}.{k}", v) for k, v in _ROW_KEYS.items() if k in row]
+            if isinstance(row.get("lm"), dict) and row["lm"].get("roofline") is not None:
+                found.append((f"rows.{i}.lm.roofline", 8))
     return next(((k, v) for k, v in found if v > version), None)
 
 

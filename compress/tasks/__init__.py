@@ -11,7 +11,9 @@ compress/core/task.py.
     causal_lm/       records.py (the `lm` block and the typed measurement records),
                      gguf.py (GGUF files found and converted), data.py (the eval files),
                      task.py (perplexity, log-likelihoods, generation), timing.py,
-                     memory_plan.py, export.py (ONNX export and weight-only quantization)
+                     memory_plan.py, export.py (ONNX export and weight-only quantization),
+                     gguf_quant.py (GGUF variants through llama.cpp's quantizer),
+                     roofline.py (decode and prefill against the machine's limits)
 """
 
 # module file name in a task folder -> the layer (a folder name in compress.LAYERS) it sits in
@@ -23,4 +25,6 @@ COLUMN: dict[str, str] = {
     "timing": "techniques",
     "memory_plan": "techniques",
     "export": "techniques",   # used by stages
+    "gguf_quant": "techniques",
+    "roofline": "techniques",  # the machine's limits measured; each row's fraction of them  # llama.cpp's quantizer, the importance matrix, the type mix (stages)
 }

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from compress.reports.report_json import SCHEMA_VERSION
 from tests.conftest import tiny_recipe
 
 FAST_LOAD = {"slo_ms": 1000.0, "percentile": 0.9, "min_duration_s": 2.0, "min_queries": 40, "timeout_s": 5.0,
@@ -40,7 +41,7 @@ def test_compress_load_measures_a_finished_run(cli, write_recipe, tiny_checkpoin
                                                                             "objective": "min_monthly_cost"}}),
                      tmp_path / "art")
     run_dir = tmp_path / "art" / "tiny"
-    assert ran["schema_version"] == 7 and ran["decision"]["objective"] == "min_monthly_cost"
+    assert ran["schema_version"] == SCHEMA_VERSION and ran["decision"]["objective"] == "min_monthly_cost"
     served = ran["serving"]["variant"]
     row = next(r for r in ran["rows"] if r["id"] == served)
     planned = bool(ran["serving"]["plan"]["rows"])
@@ -52,7 +53,7 @@ def test_compress_load_measures_a_finished_run(cli, write_recipe, tiny_checkpoin
     code, out, err = cli("load", run_dir, "--recipe", write_recipe(raw, "served.yaml"), "--variant", "int8")
     assert code == 0, err
     data = json.loads((run_dir / "report.json").read_text())
-    assert data["schema_version"] == 7
+    assert data["schema_version"] == SCHEMA_VERSION
     s = data["serving"]
     assert s["variant"] == "int8" and [c["name"] for c in s["configs"]] == ["unbatched", "batched_cache"]
     assert all(c["runs"] and c["runs"][0]["target_qps"] == 16.0 for c in s["configs"])

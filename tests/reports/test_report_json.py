@@ -57,7 +57,7 @@ def test_report_json_reads_back_into_the_same_file(tmp_path):
 def test_schema_2_carries_the_task_and_older_schemas_are_sequence_classification(tmp_path):
     from compress.core.task import get_task
 
-    assert SCHEMA_VERSION == 7
+    assert SCHEMA_VERSION == 8
     info = get_task().info().model_dump()
     write_reports(_report(schema_version=2, task=info), tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
@@ -87,7 +87,7 @@ def test_a_causal_lm_report_keys_its_quality_by_perplexity_and_reads_it_back(tmp
     (lambda r: r["rows"][1].update(acuracy=1.0), "rows.1.acuracy: Extra inputs are not permitted"),
     (lambda r: r["rows"][1].pop("accuracy"), "rows[1]: a row marked ok lacks accuracy"),
     (lambda r: r["decision"].update(best_failed={"id": 3}), "decision.best_failed.id"),
-    (lambda r: r.update(schema_version=8), "not a compress report (schema_version 1 or 2 or 3 or 4 or 5 or 6 or 7)"),
+    (lambda r: r.update(schema_version=9), "not a compress report (schema_version 1 or 2 or 3 or 4 or 5 or 6 or 7 or 8)"),
 ])
 def test_a_malformed_report_is_one_line(tmp_path, edit, problem):
     report = _report()

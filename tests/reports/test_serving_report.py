@@ -61,10 +61,10 @@ def report_with_serving() -> dict:
 
 
 def test_the_serving_block_goes_through_report_json(tmp_path):
-    assert SCHEMA_VERSION == 7
+    assert SCHEMA_VERSION == 8
     write_reports(report_with_serving(), tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
-    assert data["schema_version"] == 7 and data["serving"]["plan"]["waterfall"][0]["lever"] == "variant"
+    assert data["schema_version"] == 8 and data["serving"]["plan"]["waterfall"][0]["lever"] == "variant"
     back = read_report(tmp_path)
     assert back.serving == serving_block()
     assert back.serving.monthly_cost("int8") == min(r.mixed_usd_month for r in back.serving.plan.rows

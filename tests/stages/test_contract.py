@@ -35,6 +35,7 @@ EXAMPLES: dict[str, dict] = {
 # Packages a kind's config checks for at validation time (without importing them).
 REQUIRES: dict[str, str] = {
     "load_4bit": "bitsandbytes",
+    "quantize_gguf": "llama_cpp",
 }
 
 # Imported inside the functions that use them, never when a stage module loads: listing and

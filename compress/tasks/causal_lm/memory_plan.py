@@ -12,7 +12,7 @@ from typing import Any
 
 from compress.tasks.causal_lm.records import MemoryPlan, MemoryTier, MemoryTierSpec
 
-KV_DTYPES = {1: "int8", 2: "float16", 4: "float32"}
+KV_DTYPES = {1: "int8", 34 / 32: "q8_0", 2: "float16", 4: "float32"}  # q8_0: 32 int8 values + an fp16 scale
 
 
 def _get(config: Any, *names: str) -> Any:
@@ -38,10 +38,10 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
     return int(layers), int(kv_heads), int(head_dim)
 
 
-def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
+def kv_bytes_per_token(config: Any, dtype_bytes: float = 2) -> int:
     """One token of one sequence: K and V, every layer, every KV head."""
     layers, kv_heads, head_dim = kv_shape(config)
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+    return int(round(2 * layers * kv_heads * head_dim * dtype_bytes))
 
 
 def max_context(config: Any) -> int:
@@ -60,7 +60,7 @@ def tier(name: str, size: int, weights_bytes: int, per_token: int, context: int)
 
 
 def memory_plan(config: Any, weights_bytes: int, tiers: list[MemoryTierSpec], host_bytes: int | None = None,
-                kv_dtype_bytes: int = 2) -> MemoryPlan:
+                kv_dtype_bytes: float = 2) -> MemoryPlan:
     """The plan for this machine's memory (`host_bytes`, tier "host"; None: read with psutil)
     and the recipe's tiers (GB = 1e9 bytes). `kv_dtype_bytes`: 2 for a float16 cache as GPU
     runtimes keep it, 4 for the float32 cache a CPU fp32 model keeps."""

@@ -122,6 +122,17 @@ class MemoryPlan(_Strict):
     tiers: list[MemoryTier]
 
 
+class Roofline(_Strict):
+    """Batch-1 speed against this machine's measured limits (compress/tasks/causal_lm/roofline.py)."""
+
+    read_gb_s: float  # memory read bandwidth, the benchmark's threads
+    fp32_gflop_s: float  # fp32 matrix-multiply rate, the benchmark's threads
+    bytes_per_token: int  # weights as stored + the KV cache of the mean decoded position
+    decode_fraction: float  # bytes_per_token x decode tokens/s at batch 1, over read_gb_s
+    decode_ceiling_tokens_per_s: float  # read_gb_s / bytes_per_token
+    prefill_fraction: float  # 2 FLOPs per weight x prefill tokens/s at batch 1, over fp32_gflop_s
+
+
 class LMFigures(_Strict):
     """Everything a causal-LM measurement adds to the generic figures (quality = perplexity,
     latency = time per output token at batch 1, throughput = decode tokens/s per batch)."""
@@ -133,3 +144,4 @@ class LMFigures(_Strict):
     greedy_tokens: list[list[int]] = []  # batch-1 greedy continuations of the timing prompts (agreement with the baseline)
     memory_plan: MemoryPlan | None = None
     peak_rss_bytes: int | None = None
+    roofline: Roofline | None = None

@@ -22,6 +22,7 @@ from compress.formats.causal import CausalLM, greedy, left_pad, pad_id, right_pa
 from compress.tasks.causal_lm.timing import peak_rss_bytes, time_generation
 from compress.tasks.causal_lm.records import ChoiceSpec, EvalFigure, LMFigures, LMSpec, PerplexitySpec, SummarySpec
 from compress.tasks.causal_lm.memory_plan import memory_plan
+from compress.tasks.causal_lm.roofline import roofline
 from compress.core.task import Metric, Task
 
 # Logits of one scoring batch are [B, T, V] float32 and log_softmax makes a second copy:
@@ -297,6 +298,13 @@ def points_interval(base_scores: list[float], scores: list[float], samples: int 
                             seed=seed, scale=100.0)
 
 
+def _threads() -> int:
+    """The benchmark worker's thread count (it sets torch's before loading a variant)."""
+    import torch
+
+    return int(torch.get_num_threads())
+
+
 class CausalLMTask(Task):
     name = "causal-lm"
     metric = Metric(name="perplexity", direction="lower", unit="", label="ppl", delta_unit="%",
@@ -331,9 +339,12 @@ class CausalLMTask(Task):
             evals.append(summarise(pred, by_eval["samsum"], spec.summarization, eos, phases)[0])
         prompts = [chat_ids(pred.tokenizer, r["prompt"]) for r in by_eval.get("prompt", [])][: spec.timing.prompts]
         generation, ttft, tpot, tokens = time_generation(pred, prompts, spec.timing, eos, phases)
-        plan = memory_plan(pred.config, pred.size_bytes(), spec.memory_tiers)
+        plan = memory_plan(pred.config, pred.size_bytes(), spec.memory_tiers,
+                           kv_dtype_bytes=getattr(pred, "kv_cache_bytes", 2))
+        b1 = next(g for g in generation if g.batch_size == 1)
+        limits = roofline(pred.size_bytes(), pred.num_params(), plan.kv_bytes_per_token, b1, _threads())
         return LMFigures(evals=evals, generation=generation, ttft_ms=ttft, tpot_ms=tpot, greedy_tokens=tokens,
-                         memory_plan=plan, peak_rss_bytes=peak_rss_bytes())
+                         memory_plan=plan, peak_rss_bytes=peak_rss_bytes(), roofline=limits)
 
     def read_eval(self, rows: list[dict]) -> tuple[list[dict], np.ndarray]:
         """(rows, no targets): what a causal LM is scored against lives in the rows."""
