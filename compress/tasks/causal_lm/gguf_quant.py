@@ -68,7 +68,8 @@ def importance(model_folder: Path, chunks: list[list[int]], threads: int, log=la
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32, trust_remote_code=False).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32, trust_remote_code=False,
+                                                 use_safetensors=True).eval()
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
