@@ -17,7 +17,6 @@ GGUF: a .gguf file, or `package:MODULE` (as in a recipe's model.source).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 import tempfile
@@ -50,21 +49,16 @@ def gguf_file(source: str) -> Path:
 
 
 def requantize(src: Path, out: Path, kind: str, threads: int) -> Path:
-    """llama.cpp's own quantizer (llama_model_quantize, what `llama-quantize --allow-requantize`
-    calls), from the shipped file: what a user who has only the GGUF can do."""
-    import llama_cpp
+    """llama.cpp's own quantizer from the shipped file (compress.tasks.causal_lm.gguf_quant.quantize,
+    what `llama-quantize --allow-requantize` does): what a user who has only the GGUF can do."""
+    from compress.tasks.causal_lm import gguf_quant
 
-    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}", None)
-    if ftype is None:
-        raise SystemExit(f"--types: llama.cpp has no type {kind}")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.nthread = threads
-    params.allow_requantize = True
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
-    if rc != 0 or not out.is_file():
-        raise SystemExit(f"llama.cpp could not requantize {src.name} to {kind} (rc {rc})")
-    return out
+    try:
+        return gguf_quant.quantize(src, out, kind, threads)
+    except ValueError as exc:  # no such file type
+        raise SystemExit(f"--types: llama.cpp has no type {kind}") from exc
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
 class LlamaCpp:
