@@ -23,6 +23,15 @@ def versions() -> dict[str, str]:
     return out
 
 
+def int8_saturates() -> bool:
+    """True on an x86-64 CPU without VNNI: ONNX Runtime's u8 x s8 MatMulInteger there sums
+    pairs of products in int16 (vpmaddubsw), which saturates on full-range 8-bit weights; ORT
+    advises 7-bit weights (reduce_range) on such CPUs."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    return not {"avx512_vnni", "avx_vnni"} & set(_cpu()["isa"])
+
+
 def _cpu() -> dict:
     model, flags = platform.processor() or platform.machine(), set()
     try:

@@ -32,8 +32,9 @@ class Config(StageConfig):
         "(with size_of or max_mb: the type of tensors the mix leaves out).")
     imatrix: bool = Field(False, description="Give llama.cpp an importance matrix measured on calibration text "
                           "(always on for a mix).")
-    size_of: FileType | None = Field(None, description="Mix per-tensor types to at most the size of the file "
-                                     "llama.cpp makes at this type from the same source.")
+    size_of: Literal["source"] | FileType | None = Field(
+        None, description="Mix per-tensor types to at most the size of the file llama.cpp makes at this type from "
+        "the same source (`source`: of the source file itself).")
     max_mb: PositiveFloat | None = Field(None, description="Mix per-tensor types to at most this many MB (1e6 bytes) "
                                          "of tensors.")
     candidates: list[TensorType] = Field(["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q5_K", "Q6_K"],
@@ -132,7 +133,10 @@ def run(ctx) -> Result:
                 imatrix = gq.importance(ctx.input.path, chunks, ctx.threads, ctx.log)
             types = None
             if mix:
-                if cfg.size_of is not None:
+                if cfg.size_of == "source":
+                    budget = sum(t.bytes for t in gq.tensors(src).values())
+                    ctx.log(f"  budget: the source file's {budget / 1e6:.1f} MB of tensors")
+                elif cfg.size_of is not None:
                     with tempfile.TemporaryDirectory(prefix="compress-gguf-") as tmp:
                         stock = gq.quantize(src, Path(tmp) / "stock.gguf", cfg.size_of, ctx.threads)
                         budget = sum(t.bytes for t in gq.tensors(stock).values())

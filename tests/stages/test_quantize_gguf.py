@@ -39,6 +39,15 @@ def test_settings_that_do_not_apply_are_refused(settings, words):
         Config(**settings)
 
 
+@needs_llama
+def test_a_mix_may_be_sized_to_the_source_file():
+    from compress.stages.quantize_gguf import Config
+
+    assert Config(type="Q4_0", size_of="source").size_of == "source"
+    with pytest.raises(ValidationError, match="type source is the file as shipped"):
+        Config(type="source", size_of="source")
+
+
 def test_without_llama_cpp_the_config_says_how_to_install_it(monkeypatch):
     from compress.stages import quantize_gguf
 

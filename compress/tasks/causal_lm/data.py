@@ -321,10 +321,23 @@ def timing_prompts(spec: LMSpec, base_dir: Path, notes: list[str]) -> list[dict]
 def _timing_prompts(spec: LMSpec, base_dir: Path, notes: list[str]) -> tuple[list[dict], Path, list[int]]:
     """(the prompt rows, the file they came from, each one's line in it)."""
     n = spec.timing.prompts
+    if spec.timing.path is not None:  # the user's own dialogues: nothing else is looked for
+        src = _file(base_dir, spec.timing.path, "lm.timing.path")
+        docs = dialogue_rows(src, "lm.timing.path", n, summaries=False)
+        if len(docs) < n:
+            raise DataError(f"lm.timing.prompts: {n} prompts asked for, {len(docs)} dialogues in {src}; "
+                            f"lower lm.timing.prompts")
+        rows = [{"eval": "prompt", "id": d["id"], "prompt": summary_prompt(d["dialogue"])} for _, d in docs]
+        return rows, src, [line for line, _ in docs]
     summ_path = (spec.summarization or SummarySpec()).path
     folder = (base_dir / summ_path).parent
     train = folder / PROMPT_SOURCE
-    key = "lm.summarization.path"
+    # Without a summarization block the SAMSum path is only a default the recipe never
+    # named: a missing file must say which key sets the prompts' source.
+    key = "lm.summarization.path" if spec.summarization is not None else "lm.timing.path"
+    if spec.summarization is None and not train.is_file() and not (base_dir / summ_path).is_file():
+        raise DataError(f"lm.timing.path: the timing prompts are drawn from SAMSum dialogues, and {train} is not "
+                        f"there; set lm.timing.path to a JSON Lines file of {{\"id\", \"dialogue\"}} rows")
     if train.is_file():
         src = train
         docs = dialogue_rows(train, key, n, summaries=False)

@@ -354,11 +354,15 @@ def _minmax_quantizer(config):
 
 
 def quantize_int8(src: Path, out: Path, *, per_channel: bool = True, embeddings: bool = False, lm_head: bool = True,
-                  exclude: list[str] | None = None) -> dict:
+                  exclude: list[str] | None = None, reduce_range: bool | None = None) -> dict:
     """Dynamic INT8 of the graph in `src` into `out` (onnxruntime.quantization.quantize_dynamic):
     MatMul weights INT8 ahead of time (per output channel with `per_channel`), activations
     quantized per call (DynamicQuantizeLinear + MatMulInteger). `lm_head` unties a tied output
-    projection first so it is quantized too; `embeddings` quantizes the Gather table as well."""
+    projection first so it is quantized too; `embeddings` quantizes the Gather table as well.
+    `reduce_range` (7-bit weights; None: on CPUs whose int8 kernels saturate, see
+    compress.core.manifest.int8_saturates)."""
+    from compress.core.manifest import int8_saturates
+
     import tempfile
 
     import onnx
@@ -372,6 +376,7 @@ def quantize_int8(src: Path, out: Path, *, per_channel: bool = True, embeddings:
     with tempfile.TemporaryDirectory(prefix="quantize_int8-") as tmp:
         quantize_dynamic(model, Path(tmp) / MODEL_FILE, op_types_to_quantize=ops, per_channel=per_channel,
                          weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude or []),
+                         reduce_range=int8_saturates() if reduce_range is None else reduce_range,
                          extra_options={"MatMulConstBOnly": True})
         quantized = onnx.load(str(Path(tmp) / MODEL_FILE))
     return _save(quantized, src, out, untied=untied)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from compress.formats.llamacpp import library
+from compress.tasks.causal_lm.gguf import read_header
 
 # llama.cpp's file types (llama_ftype) a stage may ask for: the ones users pick.
 FTYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1", "Q4_0", "IQ4_NL", "IQ4_XS")
@@ -153,21 +154,13 @@ class Tensor:
 
 def tensors(path: Path) -> dict[str, Tensor]:
     """Every tensor of a GGUF file: its type and bytes."""
-    from gguf import GGUFReader
-
-    return {t.name: Tensor(t.tensor_type.name, int(t.n_bytes)) for t in GGUFReader(str(path)).tensors}
+    return {t.name: Tensor(t.type, t.n_bytes) for t in read_header(path).tensors.values()}
 
 
 def _weights(path: Path, names: set[str]) -> dict[str, np.ndarray]:
     """The named tensors of a GGUF file dequantized: [rows, cols] float32 (cols = the input dim)."""
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    out = {}
-    for t in GGUFReader(str(path)).tensors:
-        if t.name in names:
-            out[t.name] = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1, int(t.shape[0]))
-    return out
+    header = read_header(path)
+    return {n: header.weights(n) for n in names if n in header.tensors}
 
 
 @dataclass

@@ -52,6 +52,9 @@ class TimingSpec(_Setting):
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 4, 16],
                                            description="Batch sizes whose prefill and decode rates are measured.")
     max_prompt_tokens: PositiveInt = Field(256, description="Prompts are cut to their last N tokens.")
+    path: str | None = Field(None, description="JSON Lines of {id, dialogue} rows the prompts are made from (relative to "
+                                               "the recipe; None: SAMSum's train.jsonl beside lm.summarization.path, or "
+                                               "the default SAMSum folder).")
 
 
 class MemoryTierSpec(_Setting):

@@ -171,3 +171,19 @@ def test_a_bom_and_integer_ids_are_read(data: Path):
     path.write_bytes(b"\xef\xbb\xbf" + _jsonl_bytes({"id": 7, "dialogue": "Ann: hi", "summary": "Ann says hi."},
                                                    {"id": 8, "dialogue": "Bob: yo", "summary": "Bob says yo."}))
     assert [r["id"] for r in load_lm_evals(spec(), data).of("samsum")] == ["7", "8"]
+
+
+def test_timing_prompts_without_a_summarization_block_name_their_own_key(tmp_path: Path, data: Path):
+    """A recipe that names no SAMSum file: the prompts' default source is not there, and the
+    error says which key sets it; lm.timing.path names any dialogue file."""
+    elsewhere = tmp_path / "elsewhere" / "recipes"
+    elsewhere.mkdir(parents=True)
+    (elsewhere.parent / "data").symlink_to(data.parent / "data")
+    lone = {"perplexity": {"path": "../data/wikitext2/wiki.test.raw", "max_windows": 3}, "timing": {"prompts": 2}}
+    with pytest.raises(DataError, match=r"^lm\.timing\.path: the timing prompts are drawn from SAMSum dialogues"):
+        load_lm_evals(LMSpec.model_validate(lone), elsewhere)
+    own = LMSpec.model_validate({**lone, "timing": {"prompts": 2, "path": "../data/samsum/validation.jsonl"}})
+    es = load_lm_evals(own, elsewhere)
+    assert [r["id"] for r in es.of("prompt")] == ["0", "1"] and not es.of("samsum")
+    with pytest.raises(DataError, match=r"lm\.timing\.path: .*nothing\.jsonl not found"):
+        load_lm_evals(LMSpec.model_validate({**lone, "timing": {"path": "../data/nothing.jsonl"}}), elsewhere)

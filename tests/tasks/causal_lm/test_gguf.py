@@ -249,3 +249,61 @@ def test_two_runs_converting_one_gguf_at_once_take_turns(tmp_path, cache, monkey
     assert not errors, errors
     assert len(results) == 2 and results[0] == results[1] and len(calls) == 1 and most[0] == 1
     assert sorted(p.name for p in cache.iterdir()) == sorted([results[0].path.name, f".{results[0].path.name}.lock"])
+
+
+# --- A GGUF shipped as byte chunks over several packages (PyPI's per-file limit) -------------
+
+def _split_packages(tmp_path: Path, monkeypatch, name: str = "tiny_split", parts: int = 3,
+                    sums: str | None = None) -> tuple[Path, bytes]:
+    """`name` (metadata only, an __init__ that must never run) and `name_part1..N`, each with
+    one byte chunk `tiny.gguf.partNN` of a tiny GGUF, as the Gemma-3 packages ship theirs."""
+    import hashlib
+
+    whole = write_tiny_gguf(tmp_path / "whole", name="tiny.gguf").read_bytes()
+    site = tmp_path / "site"
+    root = site / name
+    (root / "data").mkdir(parents=True)
+    (root / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    digest = hashlib.sha256(whole).hexdigest() if sums is None else sums
+    (root / "data" / "SHA256SUMS").write_text(f"{digest}  tiny.gguf\n")
+    step = -(-len(whole) // parts)
+    for i in range(parts):
+        part = site / f"{name}_part{i + 1}"
+        (part / "data").mkdir(parents=True)
+        (part / "__init__.py").write_text("raise RuntimeError('imported')\n")
+        (part / "data" / f"tiny.gguf.part{i:02d}").write_bytes(whole[i * step:(i + 1) * step])
+    monkeypatch.syspath_prepend(str(site))
+    return site, whole
+
+
+def test_a_gguf_split_over_chunk_packages_is_joined_once_and_converted(tmp_path, monkeypatch, cache):
+    _, whole = _split_packages(tmp_path, monkeypatch)
+    spec = ModelSpec(source="package:tiny_split")
+    from compress.recipe.peek import gguf_file
+
+    file = gguf_file(spec, tmp_path)
+    assert file == cache / "assembled" / "tiny.gguf" and file.read_bytes() == whole
+    mtime = file.stat().st_mtime_ns
+    assert gguf_file(spec, tmp_path) == file and file.stat().st_mtime_ns == mtime  # joined once
+    model = resolve_model(spec, tmp_path)
+    assert "package tiny_split, GGUF tiny.gguf" in model.origin and (model.path / "model.safetensors").is_file()
+
+
+def test_a_missing_chunk_package_or_a_wrong_sum_is_a_one_line_error(tmp_path, monkeypatch, cache):
+    import shutil
+
+    from compress.recipe.peek import gguf_file
+
+    site, _ = _split_packages(tmp_path, monkeypatch, name="gap_split")
+    shutil.rmtree(site / "gap_split_part2")
+    with pytest.raises(ModelSourceError, match=r"chunk 1 of tiny.gguf is missing.*install every `gap_split_partN`"):
+        gguf_file(ModelSpec(source="package:gap_split"), tmp_path)
+    _split_packages(tmp_path / "b", monkeypatch, name="bad_split", sums="0" * 64)
+    with pytest.raises(ModelSourceError, match="sha256 is not the one its SHA256SUMS lists"):
+        gguf_file(ModelSpec(source="package:bad_split"), tmp_path)
+    assert not (cache / "assembled" / "tiny.gguf").exists()  # nothing half-made left in the cache
+
+
+def test_the_declared_file_type_names_the_grid_not_the_commonest_tensor_type(tmp_path):
+    path = write_tiny_gguf(tmp_path)  # declares MOSTLY_Q4_1
+    assert gguf.file_type(path) == "Q4_1"

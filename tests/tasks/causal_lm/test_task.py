@@ -27,6 +27,18 @@ def test_windows_score_each_token_at_most_once():
     assert windows(100, 10, 10, max_windows=3) == [(0, 10, 9), (10, 20, 9), (20, 30, 9)]
 
 
+def test_windows_opened_by_bos_score_their_first_token_too():
+    assert windows(10, 4, 4, prefixed=True) == [(0, 4, 4), (4, 8, 4), (8, 10, 2)]
+    pred = StubLM(fn=lambda nxt: -0.01 * nxt)
+    pred.tokenizer.add_bos_token = True  # as Gemma's: every window gets BOS 1 first
+    text = "hello world, this is text"
+    ids = np.array([ord(c) + 10 for c in text])
+    f = perplexity(pred, text, PerplexitySpec(context=6, stride=6), Phases())
+    assert f.tokens == len(text) and "opened by the tokenizer's BOS" in f.protocol
+    assert f.value == pytest.approx(np.exp(0.01 * ids.mean()), rel=1e-5)  # every token, the first included
+    assert all(w == 7 for _, w in pred.calls[:1])  # BOS + 6 tokens per row
+
+
 def test_perplexity_of_known_logprobs():
     # Uniform over 300 tokens: perplexity 300 whatever the windows.
     pred = StubLM()
@@ -221,7 +233,9 @@ def test_real_model_small_measurement(tmp_path):
     torch.set_num_threads(2)
     folder = tmp_path / "smol"
     AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok.add_bos_token = False  # as the file says (compress's conversion sets it; transformers' reader does not)
+    tok.save_pretrained(folder)
     pred = load_hf(folder, "cpu", 2, {})
     spec = LMSpec.model_validate({
         "perplexity": {"path": str(SHARED / "wikitext2" / "wiki.test.raw"), "context": 256, "stride": 256, "max_windows": 2},
