@@ -83,15 +83,22 @@ def importance(model_folder: Path, chunks: list[list[int]], threads: int, log=la
             counts[name] = counts.get(name, 0) + x.shape[0]
         return f
 
+    head = model.get_output_embeddings()
     for mod_name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear):
+        if isinstance(mod, torch.nn.Linear) and mod is not head:
             name = gguf_name(mod_name, tied)
             if name is not None:
                 hooks.append(mod.register_forward_hook(hook(name)))
+    # The output projection's input is the decoder's last hidden state [1, T, hidden]: read it
+    # there, never computing the [T, vocab] logits (Gemma-3: 262,144 columns, most of the time).
+    head_name = gguf_name("lm_head", tied)
+    record_head = hook(head_name) if head is not None and head_name is not None else None
     try:
         with torch.inference_mode():
             for ids in chunks:
-                model(input_ids=torch.tensor([ids]), use_cache=False)
+                hidden = model.get_decoder()(input_ids=torch.tensor([ids]), use_cache=False).last_hidden_state
+                if record_head is not None:
+                    record_head(head, (hidden,), None)
     finally:
         for h in hooks:
             h.remove()

@@ -105,3 +105,27 @@ def test_an_unknown_type_is_named():
 
     with pytest.raises(ValueError, match="no file type Q9_9"):
         gq.quantize(Path("x.gguf"), Path("y.gguf"), "Q9_9", 1)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_importance_is_the_mean_square_of_each_matrixs_input(tmp_path, family):
+    """Every mapped matrix gets its input's mean square per column; the tied output projection's
+    is read from the decoder's last hidden state, with no logits computed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from compress.tasks.causal_lm import gguf_quant as gq
+    from tests.lm_fixtures import tiny_causal
+
+    folder = tiny_causal(tmp_path / family, family)
+    chunks = [[5, 9, 14, 3, 7], [11, 4, 8]]
+    imp = gq.importance(folder, chunks, threads=1)
+    assert len(imp) == 2 * 7 + 1 and all(v.shape in ((64,), (128,)) for v in imp.values())
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    seen = []
+    model.lm_head.register_forward_hook(lambda m, a, o: seen.append(a[0].reshape(-1, 64)))
+    with torch.inference_mode():
+        for ids in chunks:
+            model(input_ids=torch.tensor([ids]))
+    x = torch.cat(seen)
+    assert np.allclose(imp["token_embd.weight"], (x * x).mean(0).numpy(), rtol=1e-5, atol=1e-7)
