@@ -90,7 +90,7 @@ class StubLM(CausalLM):
         self.script, self.prefill_s, self.step_s = list(script), prefill_s, step_s
         self.calls: list[tuple[int, int]] = []  # (rows, width) of each logprobs call
 
-    def logprobs(self, input_ids, attention_mask):
+    def logprobs(self, input_ids, attention_mask, want=None):
         self.calls.append(input_ids.shape)
         return np.asarray(self.fn(input_ids[:, 1:]), dtype=np.float32)
 

@@ -28,9 +28,12 @@ class CausalLM(Predictor):
 
     config: Any = None
 
-    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:  # pragma: no cover
+    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                 want: np.ndarray | None = None) -> np.ndarray:  # pragma: no cover
         """input_ids, attention_mask [B, T] right-padded -> [B, T-1] float32: log p(ids[b, t+1] |
-        ids[b, :t+1]). Positions past a row's length hold garbage; the caller masks them."""
+        ids[b, :t+1]). Positions past a row's length hold garbage; the caller masks them.
+        `want` [B, T-1] bool: the only entries the caller reads (a multiple-choice question reads
+        its continuation's); a runtime may skip the others' output projection (garbage there)."""
         raise NotImplementedError
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, Any]:  # pragma: no cover
@@ -122,14 +125,24 @@ class TorchCausal(CausalLM):
     def _t(self, a: np.ndarray):
         return self._torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
 
-    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                 want: np.ndarray | None = None) -> np.ndarray:
         torch = self._torch
+        B, T = input_ids.shape
+        cols = np.arange(T - 1) if want is None or not self._keep_last else np.flatnonzero(want.any(0))  # [K]
+        keep = {"logits_to_keep": self._t(cols)} if want is not None and self._keep_last else {}
         with torch.inference_mode():
+            # logits_to_keep as indices: the output projection runs on the K columns some row
+            # reads, not all T ([B, K, V]; Gemma-3's 262,144-column head is most of the model).
             logits = self.model(input_ids=self._t(input_ids), attention_mask=self._t(attention_mask),
-                                use_cache=False).logits  # [B, T, V]
-            lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [B, T-1, V]
-            nxt = self._t(input_ids[:, 1:]).unsqueeze(-1)  # [B, T-1, 1]
-            return lp.gather(-1, nxt).squeeze(-1).cpu().numpy()
+                                use_cache=False, **keep).logits  # [B, T or K, V]
+            if not keep:
+                logits = logits[:, :-1]
+            lp = torch.log_softmax(logits.float(), dim=-1)  # [B, K, V]
+            nxt = self._t(input_ids[:, 1:][:, cols]).unsqueeze(-1)  # [B, K, 1]
+            out = np.zeros((B, max(T - 1, 0)), dtype=np.float32)
+            out[:, cols] = lp.gather(-1, nxt).squeeze(-1).cpu().numpy()
+            return out
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, Any]:
         torch = self._torch

@@ -79,7 +79,8 @@ class OnnxCausal(CausalLM):
 
     # -- the contract
 
-    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                 want: np.ndarray | None = None) -> np.ndarray:  # every column: the graph computes them all
         pos = np.clip(attention_mask.cumsum(-1) - 1, 0, None)
         logits, _ = self._run(input_ids, attention_mask, pos, None)
         x = logits.numpy()[:, :-1]  # [B, T-1, V]

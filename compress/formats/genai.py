@@ -63,7 +63,8 @@ class GenaiCausal(CausalLM):
     def _padded(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return np.where(mask.astype(bool), ids, self.pad).astype(np.int32)
 
-    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                 want: np.ndarray | None = None) -> np.ndarray:  # every column: the graph computes them all
         gen = self._generator(input_ids.shape[0], input_ids.shape[1] + 1)
         # Right padding: pad ids after a row's end only affect positions the caller masks.
         gen.append_tokens(self._padded(input_ids, np.ones_like(attention_mask)))

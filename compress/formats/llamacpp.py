@@ -155,7 +155,8 @@ class LlamaCppCausal(CausalLM):
         setattr(self, which, ctx)
         return ctx
 
-    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                 want: np.ndarray | None = None) -> np.ndarray:
         B, T = input_ids.shape
         width = -(-T // CTX_STEP) * CTX_STEP
         ctx = self._context("_score", width, 1, width)  # every token's logits: n_batch >= T
@@ -165,12 +166,18 @@ class LlamaCppCausal(CausalLM):
             ids = [int(t) for t in input_ids[b, :n]]
             if n < 2:
                 continue
+            # Logits only where the caller reads them (llama.cpp skips the output projection
+            # of the other tokens); the last token's are never read.
+            read = np.ones(n - 1, bool) if want is None else np.asarray(want[b, : n - 1], bool)
+            if not read.any():
+                continue
             ctx.clear()
-            ctx.decode(ids, list(range(n)), [0] * n, [True] * n)
-            x = ctx.logits(n, self.n_vocab)[:-1].astype(np.float64)  # [n-1, V]
+            ctx.decode(ids, list(range(n)), [0] * n, [bool(r) for r in read] + [False])
+            cols = np.flatnonzero(read)  # [K]
+            x = ctx.logits(len(cols), self.n_vocab).astype(np.float32)  # [K, V]
             top = x.max(-1, keepdims=True)
-            lse = np.log(np.exp(x - top).sum(-1)) + top[:, 0]
-            out[b, : n - 1] = x[np.arange(n - 1), input_ids[b, 1:n]] - lse
+            lse = np.log(np.exp(x - top).sum(-1, dtype=np.float64)) + top[:, 0]
+            out[b, cols] = x[np.arange(len(cols)), input_ids[b, 1:n][cols]] - lse
         return out
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, Any]:

@@ -205,7 +205,11 @@ def loglikelihoods(pred: CausalLM, requests: list[tuple[list[int], list[int]]], 
         bs = rows_per_batch(len(seqs[order[i]]), vocab)
         chunk = order[i:i + bs]
         ids, mask = right_pad([seqs[k] for k in chunk], pid)
-        lp = pred.logprobs(ids, mask)  # [B, T-1]
+        want = np.zeros((len(chunk), ids.shape[1] - 1), dtype=bool)  # [B, T-1]: each row's continuation
+        for j, k in enumerate(chunk):
+            n, c = len(seqs[k]), len(requests[k][1])
+            want[j, n - 1 - c: n - 1] = True
+        lp = pred.logprobs(ids, mask, want=want)  # [B, T-1]
         for j, k in enumerate(chunk):
             n, c = len(seqs[k]), len(requests[k][1])
             row = lp[j, n - 1 - c: n - 1]  # the continuation's tokens are the row's last c

@@ -278,3 +278,17 @@ def test_a_dialogue_too_long_for_the_models_positions_is_refused_before_any_stag
     short = LMSpec.model_validate({**spec.model_dump(), "summarization": {"path": "validation.jsonl", "max_items": 1,
                                                                           "max_new_tokens": 8}})
     check_prompt_lengths(load_lm_evals(short, tmp_path), short, model)  # the first dialogue fits
+
+
+def test_logprobs_of_the_wanted_columns_only_match_the_full_ones(tmp_path):
+    """A multiple-choice batch reads each row's continuation: the torch format then projects
+    only those columns to the vocabulary, with the same values there."""
+    from compress.formats.causal import load_hf, right_pad
+
+    pred = load_hf(tiny_causal(tmp_path / "m"), "cpu", 1, {})
+    ids, mask = right_pad([[5, 9, 14, 3, 7, 8], [11, 4, 8]], 0)
+    want = np.zeros((2, ids.shape[1] - 1), dtype=bool)
+    want[0, 3:5] = True
+    want[1, 1:2] = True
+    full, part = pred.logprobs(ids, mask), pred.logprobs(ids, mask, want=want)
+    assert np.allclose(full[want], part[want], atol=1e-5) and not np.allclose(full[want], 0)
