@@ -151,15 +151,20 @@ def load(
                                                    "one the run was made from).")] = None,
     set_: SetOpt = None,
     variant: Annotated[Optional[str], typer.Option(help="The variant to serve (default: the run's selected one).")] = None,
+    gguf: Annotated[Optional[str], typer.Option(help="Causal LMs: serve this GGUF file (a .gguf path or package:MODULE) "
+                                                "instead of a run's variant; RUN_DIR is where the figures go (give --recipe).")] = None,
 ) -> None:
     """Serve the run's variant in each configuration, measure it under load (MLPerf LoadGen's server scenario over
-    HTTP) and plan capacity and $/month for the recipe's traffic."""
+    HTTP) and plan capacity and $/month for the recipe's traffic. A causal LM's GGUF variant is served by llama-server,
+    a request at a time and batched continuously, on LoadGen's token latencies (TTFT, TPOT)."""
     from compress.core.console import log
     from compress.recipe.schema import load_recipe
     from compress.reports.render import print_report
     from compress.reports.report_json import read_report
     from compress.run.load import load_run
 
+    if recipe is None and gguf is not None:
+        raise CompressError("--gguf: give --recipe FILE too (its lm.timing dialogues are the prompts)")
     if recipe is None:
         made_from = read_report(run_dir).manifest.recipe_file
         if not made_from or not Path(made_from).is_file():
@@ -167,6 +172,15 @@ def load(
                                 f"give --recipe FILE")
         recipe = Path(made_from)
     r = load_recipe(recipe, set_ or [])
+    if r.is_causal:
+        from compress.run.load_lm import load_lm_run
+        from compress.serving.lm_load import SERVING_LM_DIR, SERVING_LM_JSON
+
+        load_lm_run(r, run_dir, variant=variant, gguf=gguf, log=log)
+        log(f"figures: {run_dir / SERVING_LM_DIR / SERVING_LM_JSON}")
+        return
+    if gguf is not None:
+        raise CompressError("--gguf serves causal LMs; this recipe's task is " + r.task)
     if r.serving is None:
         raise CompressError(f"{recipe}: no `serving:` block, so nothing to load; add one "
                             f"(recipes/bert_sentiment.yaml has an example) or give --recipe FILE")
@@ -174,6 +188,27 @@ def load(
     print_report(rep)
     log(f"reports: {run_dir / 'report.md'}, {run_dir / 'report.html'}, {run_dir / 'serving' / 'serving.json'}")
     raise typer.Exit(rep.decision.exit_code if rep.budget.objective == "min_monthly_cost" else EXIT_OK)
+
+
+@app.command("llama-server")
+def llama_server(
+    source: Annotated[Optional[Path], typer.Option(help="A llama.cpp checkout to build from (default: the llama.cpp "
+                                                   "that the installed llama-cpp-python's source package vendors).")] = None,
+    jobs: Annotated[Optional[int], typer.Option(help="Compile jobs (default: the usable CPUs).", min=1)] = None,
+    force: Annotated[bool, typer.Option(help="Build again even when it is built.")] = False,
+) -> None:
+    """Build llama.cpp's llama-server (continuous batching; what `compress load` serves a causal LM's GGUF variant
+    with) into ~/.cache/compress/llama-server/, once per llama-cpp-python version; print its path."""
+    from compress.core.console import log
+    from compress.serving import llama_server as ls
+
+    found = None if force or source is not None else ls.find()
+    if found is not None:
+        log(f"llama-server: {found} ({ls.version_of(found)})")
+        print(found)
+        return
+    built = ls.build(source=source, jobs=jobs, force=force or source is not None, log=log)
+    print(built.path)
 
 
 @app.command()

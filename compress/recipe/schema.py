@@ -16,7 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloa
                       field_validator, model_validator)
 
 from compress.recipe import peek
-from compress.recipe.serving import ServingSpec
+from compress.recipe.serving import LmServingSpec, ServingSpec
 from compress.core.errors import ModelSourceError, RecipeError
 from compress.tasks.causal_lm.records import LMSpec
 from compress.core.registry import Format, StageConfig, get_stage
@@ -328,6 +328,9 @@ class Recipe(Strict):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     serving: ServingSpec | None = Field(None, description="Serve the selected variant and measure it under load "
                                         "(`compress serve`, `compress load`; `compress run` measures the load too).")
+    serving_lm: LmServingSpec | None = Field(None, description="A causal LM's GGUF variant behind llama-server "
+                                             "under load, batched continuously and a request at a time (`compress "
+                                             "load`; without the block, its defaults; causal-lm).")
 
     # Where the recipe was read from; relative paths in it are resolved against its folder.
     _path: Path | None = None
@@ -556,6 +559,9 @@ def validate_recipe(raw: dict, where: str = "<recipe>", path: Path | None = None
     else:
         if recipe.data is None:
             raise RecipeError(where, "data", "required key is missing: a sequence-classification recipe names its dataset here")
+        if "serving_lm" in raw:
+            raise RecipeError(where, "serving_lm", f"only causal-lm recipes take a `serving_lm` block (this one's task "
+                              f"is {recipe.task}); a classifier's is `serving:`")
         if "lm" in raw:
             raise RecipeError(where, "lm", f"only causal-lm recipes take an `lm` block (this one's task is {recipe.task})")
 

@@ -229,3 +229,71 @@ class ServingSpec(_Strict):
     load: LoadSpec = Field(default_factory=LoadSpec)
     traffic: TrafficSpec = Field(default_factory=TrafficSpec)
     pricing: PricingSpec = Field(default_factory=PricingSpec)
+
+
+# --- a causal LM under load (llama-server, continuous batching) -----------------------
+
+
+LM_CONFIGURATIONS = ("unbatched", "batched")
+
+
+class LmServingSpec(_Strict):
+    """A causal-LM recipe's `serving_lm:` block: the GGUF variant behind llama.cpp's
+    llama-server, once with `parallel` slots batched continuously (`batched`) and once with
+    one slot, a request at a time (`unbatched`), each driven by MLPerf LoadGen's server
+    scenario with token latencies. A run is VALID when the `percentile` time to first token
+    and time per output token meet `ttft_ms` and `tpot_ms` over enough queries (LoadGen's
+    rule, early stopping included). The highest VALID QPS is searched per configuration. The
+    defaults keep the whole measurement to a few minutes on a 2-core CPU."""
+
+    ttft_ms: PositiveFloat = Field(2000.0, le=600_000, description="SLO on the time to first token (prefill and "
+                                   "queueing), in ms, at `percentile` (LoadGen's ttft_latency).")
+    tpot_ms: PositiveFloat = Field(200.0, le=60_000, description="SLO on the time per output token after the first, "
+                                   "in ms, at `percentile` (LoadGen's tpot_latency).")
+    percentile: Literal[0.9, 0.95, 0.97, 0.99, 0.999] = Field(
+        0.9, description="The percentile both SLOs are on (one LoadGen logs). At 0.9 LoadGen's early stopping needs "
+        "44 queries in a run with none over (459 at 0.99): runs are lengthened to that, and p99 is reported beside it.")
+    parallel: PositiveInt = Field(4, ge=2, le=256, description="llama-server slots (`--parallel`) of the batched "
+                                  "configuration: requests decoded together, continuously batched.")
+    ctx_per_slot: PositiveInt = Field(1024, ge=64, le=131_072, description="KV-cache tokens per slot (prompt and "
+                                      "output); llama-server gets parallel x this (`--ctx-size`).")
+    threads: PositiveInt | None = Field(None, le=256, description="llama-server's threads (`--threads`); "
+                                        "None: the CPUs this process may use.")
+    max_tokens: PositiveInt = Field(32, ge=2, le=4096, description="Output tokens of every request (`n_predict`, "
+                                    "eos ignored), so every request's token count is the same.")
+    prompts: PositiveInt = Field(32, le=10_000, description="Distinct prompts (the recipe's timing dialogues, chat "
+                                 "templated by llama-server), drawn by LoadGen in its seeded order.")
+    min_duration_s: PositiveFloat = Field(10.0, le=3600, description="LoadGen's min_duration: the shortest scheduled run.")
+    min_queries: PositiveInt = Field(32, le=100_000, description="LoadGen's min_query_count (raised to what early "
+                                     "stopping needs at `percentile`).")
+    max_run_s: PositiveFloat = Field(90.0, le=3600, description="The longest a run may be scheduled: no load so low "
+                                     "that the queries a run needs would take longer is offered.")
+    start_qps: PositiveFloat | None = Field(None, description="The first offered load of the search; None: from "
+                                            "the warm-up (the slots' count over one request's latency, halved).")
+    max_qps: PositiveFloat = Field(1000.0, description="The search offers no more than this.")
+    growth: float = Field(2.0, gt=1.0, le=16.0, description="Factor between offered loads while bracketing.")
+    resolution: float = Field(0.25, gt=0.0, description="Bisection stops once the invalid bound is within this "
+                              "fraction of the valid one.")
+    max_runs: PositiveInt = Field(4, le=64, description="LoadGen runs per configuration, bracketing and bisection together.")
+    timeout_s: PositiveFloat = Field(120.0, le=3600, description="A request unanswered this long counts as failed.")
+    seed: NonNegativeInt = Field(0, description="LoadGen's schedule and sample-order seeds (each run adds its number).")
+    configurations: list[Literal["unbatched", "batched"]] = Field(
+        default_factory=lambda: list(LM_CONFIGURATIONS),
+        description="What is measured, one after another: `unbatched` (one slot: a request at a time, the "
+        "reference), `batched` (`parallel` slots, continuous batching).")
+    pricing: PricingSpec = Field(default_factory=PricingSpec, description="The instance the $ per 1M output "
+                                 "tokens at the SLO is priced on (its on-demand price; one instance is this machine).")
+
+    @field_validator("configurations")
+    @classmethod
+    def _some(cls, v):
+        if not v:
+            raise ValueError("name one configuration or more")
+        if len(set(v)) != len(v):
+            raise ValueError("a configuration is named twice")
+        return v
+
+    @property
+    def percentile_point(self) -> float:
+        """`percentile` as LoadGen's log names it (0.9 -> 90.0)."""
+        return round(self.percentile * 100.0, 2)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from compress.core.errors import CompressError
-from compress.recipe.serving import LoadSpec
+from compress.recipe.serving import LmServingSpec, LoadSpec
 from compress.serving.records import LoadRun, Search
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,7 +85,7 @@ def early_stopping_minimum(percentile: float, confidence: float = CONFIDENCE) ->
     return int(math.ceil(math.log(1.0 - confidence) / math.log(percentile)))
 
 
-def queries_for(qps: float, spec: LoadSpec) -> int:
+def queries_for(qps: float, spec: "LoadSpec | LmServingSpec") -> int:
     """Queries in a run at `qps`: enough for min_duration (with three standard deviations of
     the Poisson schedule to spare, since LoadGen checks the last query's scheduled time),
     min_queries and the early-stopping minimum."""
@@ -107,6 +107,9 @@ def knee(runs: list[LoadRun]) -> float | None:
 # --- LoadGen's logs ----------------------------------------------------------------------
 
 _PCT = re.compile(r"^result_(\d+(?:\.\d+)?)_percentile_latency_ns$")
+# With use_token_latencies: the time to first token and the time per output token.
+_TTFT = re.compile(r"^result_first_token_(\d+(?:\.\d+)?)_percentile_latency_ns$")
+_TPOT = re.compile(r"^result_time_per_output_token_(\d+(?:\.\d+)?)_percentile_ns$")
 
 
 @dataclass
@@ -121,10 +124,17 @@ class LoadGenResult:
     scheduled_qps: float | None = None
     completed_qps: float | None = None
     percentiles_ns: dict[float, float] = field(default_factory=dict)
+    ttft_ns: dict[float, float] = field(default_factory=dict)  # token latencies only
+    tpot_ns: dict[float, float] = field(default_factory=dict)
+    tokens_per_s: float | None = None
+    early_stopping_ttft: str | None = None
+    early_stopping_tpot: str | None = None
     errors: list[str] = field(default_factory=list)
 
-    def ms(self, pct: float) -> float | None:
-        v = self.percentiles_ns.get(pct)
+    def ms(self, pct: float, of: str = "latency") -> float | None:
+        """A percentile in ms: of the whole query (`latency`), or `ttft` or `tpot`."""
+        table = {"latency": self.percentiles_ns, "ttft": self.ttft_ns, "tpot": self.tpot_ns}[of]
+        v = table.get(pct)
         return None if v is None else v / 1e6
 
 
@@ -159,8 +169,16 @@ def read_detail_log(path: Path) -> LoadGenResult:
             out.scheduled_qps = float(value)
         elif key == "result_completed_samples_per_sec":
             out.completed_qps = float(value)
-        elif isinstance(key, str) and (m := _PCT.match(key)):
-            out.percentiles_ns[round(float(m.group(1)), 2)] = float(value)
+        elif key == "result_completed_tokens_per_second":
+            out.tokens_per_s = float(value)
+        elif key == "early_stopping_ttft_result":
+            out.early_stopping_ttft = str(value).strip()
+        elif key == "early_stopping_tpot_result":
+            out.early_stopping_tpot = str(value).strip()
+        elif isinstance(key, str):
+            for pattern, table in ((_PCT, out.percentiles_ns), (_TTFT, out.ttft_ns), (_TPOT, out.tpot_ns)):
+                if m := pattern.match(key):
+                    table[round(float(m.group(1)), 2)] = float(value)
     return out
 
 

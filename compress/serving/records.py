@@ -173,3 +173,86 @@ class ServingReport(Record):
             return None
         costs = [r.mixed_usd_month for r in self.plan.rows if r.variant == variant]
         return min(costs) if costs else None
+
+
+# --- a causal LM under load: llama-server, LoadGen with token latencies -------------------
+
+LmConfigName = Literal["unbatched", "batched"]
+
+
+class TokenRun(Record):
+    """One LoadGen server-scenario run with token latencies at one offered load: each query
+    one streamed completion of `max_tokens` tokens."""
+
+    target_qps: float
+    valid: bool  # LoadGen's VALID (TTFT and TPOT within their SLOs), and no request failed
+    loadgen_valid: bool
+    invalid_reason: str | None = None
+    queries: int
+    failed: int = 0  # HTTP errors, timeouts and short answers (LoadGen counts them as answered)
+    scheduled_qps: float | None = None
+    completed_qps: float | None = None
+    output_tokens_per_s: float | None = None  # LoadGen's completed tokens per second
+    ttft_p50_ms: float | None = None
+    ttft_at_percentile_ms: float | None = None  # at the SLOs' percentile: what LoadGen judges
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_at_percentile_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    latency_p50_ms: float | None = None  # the whole request
+    latency_p99_ms: float | None = None
+    early_stopping_ttft: str | None = None
+    early_stopping_tpot: str | None = None
+    mean_prompt_tokens: float | None = None  # as llama-server tokenized them
+    mean_output_tokens: float | None = None
+    seconds: float
+    cpu_utilisation: float | None = None  # llama-server's CPU time over the run's wall time x cores
+    log_dir: str  # mlperf_log_summary.txt and mlperf_log_detail.txt, relative to the run folder
+
+
+class LmConfigFigures(Record):
+    """One llama-server configuration searched: its runs and its figures at the highest valid load."""
+
+    name: LmConfigName
+    parallel: int  # llama-server slots
+    runs: list[TokenRun] = []
+    search: Search | None = None
+    max_valid_qps: float | None = None
+    output_tokens_per_s: float | None = None  # at the highest valid load
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    usd_per_1m_output_tokens: float | None = None  # one instance at the highest valid load, on demand
+    alone_latency_ms: float | None = None  # one request with the server otherwise idle (the warm-up)
+    seconds: float = 0.0
+    error: str | None = None
+    notes: list[str] = []
+
+
+class LmServingReport(Record):
+    """serving_lm/serving_lm.json: a causal LM's GGUF variant under load, a request at a time
+    and batched continuously."""
+
+    variant: str
+    gguf: str
+    engine: str  # llama-server's --version line
+    ttft_ms: float
+    tpot_ms: float
+    percentile: float
+    max_tokens: int
+    prompts: int
+    prompt_source: str
+    threads: int
+    ctx_per_slot: int
+    instance: str
+    usd_per_hour: float
+    price_source: str
+    machine: str = ""
+    configs: list[LmConfigFigures] = []
+    batching_gain: float | None = None  # batched over unbatched highest valid QPS
+    seconds: float = 0.0
+    notes: list[str] = []
+
+    def config(self, name: str) -> LmConfigFigures | None:
+        return next((c for c in self.configs if c.name == name), None)
