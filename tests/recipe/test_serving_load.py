@@ -55,7 +55,6 @@ def test_a_bad_setting_names_its_key(base, serving, key):
 def test_the_main_jobs_serving_block_is_valid_and_coarse():
     r = load_recipe(ROOT / "recipes" / "bert_sentiment.yaml")
     load = r.serving.load
-    # A few minutes at most on a 2-core machine: at most 4 runs of at most max_run_s per configuration.
-    assert load.max_runs <= 4 and load.min_duration_s <= 3 and load.max_run_s <= 15
+    assert load.max_runs <= 3 and load.min_duration_s <= 3  # a few minutes at most on a 2-core machine
     assert r.budget.objective == "min_cost"  # the main job's decision is not changed by the load
     assert r.serving.traffic.offpeak_qps > 0
