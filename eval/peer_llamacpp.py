@@ -72,8 +72,25 @@ class LlamaCpp:
         self.llama_cpp = llama_cpp
         common = dict(model_path=str(path), n_threads=threads, n_threads_batch=threads, verbose=False,
                       n_batch=context, n_ubatch=context)
-        self.gen = llama_cpp.Llama(n_ctx=context + 128, **common)
-        self.scorer = llama_cpp.Llama(n_ctx=context, logits_all=True, **common)
+        from compress.formats.llamacpp import extra_buffers
+
+        if not extra_buffers(path):
+            # Llama() takes no use_extra_bufts: its model params come from this function, so
+            # wrap it while the two models load (llama-server's --no-repack, for the bindings).
+            default = llama_cpp.llama_cpp.llama_model_default_params  # the module Llama reads it from
+
+            def no_repack():
+                mp = default()
+                mp.use_extra_bufts = False
+                return mp
+
+            llama_cpp.llama_cpp.llama_model_default_params = no_repack
+        try:
+            self.gen = llama_cpp.Llama(n_ctx=context + 128, **common)
+            self.scorer = llama_cpp.Llama(n_ctx=context, logits_all=True, **common)
+        finally:
+            if not extra_buffers(path):
+                llama_cpp.llama_cpp.llama_model_default_params = default
         self.n_vocab = self.gen.n_vocab()
 
     def _argmax(self) -> int:

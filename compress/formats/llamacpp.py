@@ -35,6 +35,9 @@ GEN_ROOM = 512
 CTX_STEP = 1024
 
 _quiet_callback = None  # the C callback must outlive every call that logs
+_extra_bufts: dict[str, bool] = {}  # machine key -> may llama.cpp use its extra buffer types here
+PROBE_TOKENS = 8
+REPACK_ENV = "COMPRESS_LLAMACPP_REPACK"  # 0 or 1: skip the probe of extra_buffers
 
 
 def library():
@@ -50,6 +53,77 @@ def library():
         llama_cpp.llama_log_set(_quiet_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
     return llama_cpp
+
+
+def _machine_key(L) -> str:
+    """This CPU, kernel and llama.cpp build: what decides whether AMX runs here."""
+    import hashlib
+    import platform
+
+    from compress.core.manifest import hardware
+
+    build = L.llama_print_system_info().decode(errors="replace")
+    raw = "|".join([json.dumps(hardware(with_gpu=False)["cpu"], sort_keys=True), platform.release(), getattr(L, "__version__", "?"), build])
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _probe(file: str) -> None:
+    """Child process: load `file` with llama.cpp's defaults and decode a few tokens. It dies by
+    a signal where the AMX kernels fault (see extra_buffers)."""
+    L = library()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    model = L.llama_model_load_from_file(file.encode(), mp)
+    if not model:
+        raise SystemExit(2)
+    ctx = _Context(L, model, 64, 1, PROBE_TOKENS, 1, "f16")
+    n = PROBE_TOKENS
+    ctx.decode(list(range(1, n + 1)), list(range(n)), [0] * n, [False] * (n - 1) + [True])
+    ctx.close()
+    L.llama_model_free(model)
+
+
+def extra_buffers(file: Path) -> bool:
+    """May llama.cpp repack weights into its extra buffer types (AMX, CPU_REPACK) on this machine?
+
+    Why a probe: llama.cpp built with -march=native on a CPU that reports AMX puts the weights
+    in an AMX buffer, and on some virtualised Sapphire Rapids hosts its AMX matmul takes a
+    general protection fault at the first decode (llama.cpp issue 20824, closed without a fix;
+    the kernel grants the AMX permission, so nothing short of running it tells). Only where the
+    build reports AMX_INT8 is a child process run, once per machine and build (the verdict is
+    cached); where it dies, every llama.cpp model here loads with use_extra_bufts off (llama-server:
+    --no-repack), which also gives up the AVX repacking: slower, not wrong."""
+    import os
+    import subprocess
+    import sys
+
+    forced = os.environ.get(REPACK_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    L = library()
+    if "AMX_INT8 = 1" not in L.llama_print_system_info().decode(errors="replace"):
+        return True
+    key = _machine_key(L)
+    if key in _extra_bufts:
+        return _extra_bufts[key]
+    record = Path.home() / ".cache" / "compress" / "llamacpp" / f"extra-buffers-{key}.json"
+    try:
+        _extra_bufts[key] = bool(json.loads(record.read_text(encoding="utf-8"))["works"])
+        return _extra_bufts[key]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no verdict yet (or a damaged one): probe
+    child = subprocess.run([sys.executable, "-c", f"from compress.formats.llamacpp import _probe; _probe({str(file)!r})"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    if child.returncode > 0:  # an ordinary failure (unreadable file): no verdict on AMX, keep the default
+        return True
+    works = child.returncode == 0  # < 0: killed by a signal (SIGSEGV from the AMX kernels)
+    _extra_bufts[key] = works
+    from compress.core.files import write_file
+
+    record.parent.mkdir(parents=True, exist_ok=True)
+    write_file(record, json.dumps({"works": works, "signal": -child.returncode if not works else None,
+                                   "probed_with": str(file)}, indent=1))
+    return works
 
 
 def read_settings(folder: Path) -> dict:
@@ -129,6 +203,9 @@ class LlamaCppCausal(CausalLM):
         self.settings = read_settings(Path(path))
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
+        mp.use_extra_bufts = extra_buffers(file)
+        if not mp.use_extra_bufts:
+            self.notes.append("llama.cpp's AMX kernels fault on this machine: weights not repacked (use_extra_bufts off)")
         self.model = L.llama_model_load_from_file(str(file).encode(), mp)
         if not self.model:
             raise ArtifactError(f"{file}: llama.cpp cannot load it (truncated, or an architecture this build lacks)")

@@ -216,6 +216,10 @@ class LlamaServer:
                      "--cont-batching",  # llama.cpp's default, named: with one slot it has nothing to batch
                      "--cache-ram", "0",  # no prompt cache across requests: every request prefills its prompt
                      "--no-webui", *extra]
+        from compress.formats.llamacpp import extra_buffers
+
+        if not extra_buffers(gguf):  # llama.cpp's AMX kernels fault here (formats.llamacpp.extra_buffers)
+            self.args.append("--no-repack")
         log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_file, "w")
         self.log_file = log_file

@@ -79,3 +79,54 @@ def test_a_folder_without_the_file_is_named(tmp_path):
     (tmp_path / "llamacpp.json").write_text('{"kv_cache_type": "q2"}')
     with pytest.raises(ArtifactError, match="kv_cache_type 'q2'"):
         llamacpp.load(tmp_path, "cpu", 1, {})
+
+
+class _Lib:
+    """Stands for llama_cpp where only its system-info line matters."""
+
+    def __init__(self, info: str):
+        self.info = info
+
+    def llama_print_system_info(self):
+        return self.info.encode()
+
+
+@pytest.mark.parametrize("dies", [True, False])
+def test_extra_buffers_are_given_up_only_where_the_amx_probe_dies_and_the_verdict_is_kept(
+        tmp_path, monkeypatch, dies):
+    import subprocess
+
+    from compress.formats import llamacpp
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(llamacpp.REPACK_ENV, raising=False)
+    monkeypatch.setattr(llamacpp, "_extra_bufts", {})
+    runs = []
+
+    def fake_run(cmd, **kw):
+        runs.append(cmd)
+        return subprocess.CompletedProcess(cmd, -11 if dies else 0, b"", b"")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(llamacpp, "library", lambda: _Lib("CPU : AVX2 = 1 | REPACK = 1 |"))
+    assert llamacpp.extra_buffers(tmp_path / "m.gguf") and not runs  # no AMX in the build: nothing to probe
+    monkeypatch.setattr(llamacpp, "library", lambda: _Lib("CPU : AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |"))
+    assert llamacpp.extra_buffers(tmp_path / "m.gguf") is (not dies) and len(runs) == 1
+    monkeypatch.setattr(llamacpp, "_extra_bufts", {})  # a new process: the verdict is read back, not probed again
+    assert llamacpp.extra_buffers(tmp_path / "m.gguf") is (not dies) and len(runs) == 1
+    monkeypatch.setenv(llamacpp.REPACK_ENV, "1")
+    assert llamacpp.extra_buffers(tmp_path / "m.gguf") is True and len(runs) == 1
+
+
+def test_a_probe_that_fails_without_a_signal_gives_no_verdict(tmp_path, monkeypatch):
+    import subprocess
+
+    from compress.formats import llamacpp
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(llamacpp.REPACK_ENV, raising=False)
+    monkeypatch.setattr(llamacpp, "_extra_bufts", {})
+    monkeypatch.setattr(llamacpp, "library", lambda: _Lib("AMX_INT8 = 1"))
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 2, b"", b""))
+    assert llamacpp.extra_buffers(tmp_path / "missing.gguf") is True
+    assert not (tmp_path / ".cache" / "compress" / "llamacpp").exists()
