@@ -74,7 +74,8 @@ class LlamaCpp:
                       n_batch=context, n_ubatch=context)
         from compress.formats.llamacpp import extra_buffers
 
-        if not extra_buffers(path):
+        repack = extra_buffers(path)
+        if not repack:
             # Llama() takes no use_extra_bufts: its model params come from this function, so
             # wrap it while the two models load (llama-server's --no-repack, for the bindings).
             default = llama_cpp.llama_cpp.llama_model_default_params  # the module Llama reads it from
@@ -89,7 +90,7 @@ class LlamaCpp:
             self.gen = llama_cpp.Llama(n_ctx=context + 128, **common)
             self.scorer = llama_cpp.Llama(n_ctx=context, logits_all=True, **common)
         finally:
-            if not extra_buffers(path):
+            if not repack:
                 llama_cpp.llama_cpp.llama_model_default_params = default
         self.n_vocab = self.gen.n_vocab()
 

@@ -35,7 +35,7 @@ GEN_ROOM = 512
 CTX_STEP = 1024
 
 _quiet_callback = None  # the C callback must outlive every call that logs
-_extra_bufts: dict[str, bool] = {}  # machine key -> may llama.cpp use its extra buffer types here
+_extra_bufts: dict[str, bool] = {}  # build's system-info line -> may llama.cpp use its extra buffer types
 PROBE_TOKENS = 8
 REPACK_ENV = "COMPRESS_LLAMACPP_REPACK"  # 0 or 1: skip the probe of extra_buffers
 
@@ -55,15 +55,15 @@ def library():
     return llama_cpp
 
 
-def _machine_key(L) -> str:
-    """This CPU, kernel and llama.cpp build: what decides whether AMX runs here."""
+def _machine_key(L, build: str) -> str:
+    """This CPU, kernel and llama.cpp build (its system-info line): what decides whether AMX runs here."""
     import hashlib
     import platform
 
     from compress.core.manifest import hardware
 
-    build = L.llama_print_system_info().decode(errors="replace")
-    raw = "|".join([json.dumps(hardware(with_gpu=False)["cpu"], sort_keys=True), platform.release(), getattr(L, "__version__", "?"), build])
+    raw = "|".join([json.dumps(hardware(with_gpu=False)["cpu"], sort_keys=True), platform.release(),
+                    getattr(L, "__version__", "?"), build])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -101,15 +101,15 @@ def extra_buffers(file: Path) -> bool:
     if forced in ("0", "1"):
         return forced == "1"
     L = library()
-    if "AMX_INT8 = 1" not in L.llama_print_system_info().decode(errors="replace"):
+    build = L.llama_print_system_info().decode(errors="replace")
+    if "AMX_INT8 = 1" not in build:
         return True
-    key = _machine_key(L)
-    if key in _extra_bufts:
-        return _extra_bufts[key]
-    record = Path.home() / ".cache" / "compress" / "llamacpp" / f"extra-buffers-{key}.json"
+    if build in _extra_bufts:  # one process runs on one machine: the build line keys its verdict
+        return _extra_bufts[build]
+    record = Path.home() / ".cache" / "compress" / "llamacpp" / f"extra-buffers-{_machine_key(L, build)}.json"
     try:
-        _extra_bufts[key] = bool(json.loads(record.read_text(encoding="utf-8"))["works"])
-        return _extra_bufts[key]
+        _extra_bufts[build] = bool(json.loads(record.read_text(encoding="utf-8"))["works"])
+        return _extra_bufts[build]
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no verdict yet (or a damaged one): probe
     child = subprocess.run([sys.executable, "-c", f"from compress.formats.llamacpp import _probe; _probe({str(file)!r})"],
@@ -117,7 +117,7 @@ def extra_buffers(file: Path) -> bool:
     if child.returncode > 0:  # an ordinary failure (unreadable file): no verdict on AMX, keep the default
         return True
     works = child.returncode == 0  # < 0: killed by a signal (SIGSEGV from the AMX kernels)
-    _extra_bufts[key] = works
+    _extra_bufts[build] = works
     from compress.core.files import write_file
 
     record.parent.mkdir(parents=True, exist_ok=True)
